@@ -1,0 +1,7 @@
+"""Dumps: the native format, capture of module/op tensors, and readers for other layouts."""
+
+from __future__ import annotations
+
+from ._records import Dump, Record
+
+__all__ = ["Dump", "Record"]

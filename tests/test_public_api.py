@@ -1,0 +1,38 @@
+"""Guards the public surface: adding or removing a public name must be a deliberate change."""
+
+from __future__ import annotations
+
+import __future__
+import types
+
+import pytest_precision
+
+EXPECTED = {
+    "Dump",
+    "DumpFormatError",
+    "PrecisionError",
+    "PrecisionInputError",
+    "Record",
+    "TensorStats",
+    "__version__",
+    "tensor_stats",
+}
+
+
+def test_all_is_exactly_the_public_surface() -> None:
+    assert set(pytest_precision.__all__) == EXPECTED
+
+
+def test_every_public_name_resolves() -> None:
+    for name in pytest_precision.__all__:
+        assert getattr(pytest_precision, name) is not None, name
+
+
+def test_no_undeclared_public_names() -> None:
+    public = {
+        name
+        for name, value in vars(pytest_precision).items()
+        if not name.startswith("_")
+        and not isinstance(value, (types.ModuleType, __future__._Feature))
+    }
+    assert public <= set(pytest_precision.__all__)

@@ -1,8 +1,8 @@
 """Guards the public surface: adding or removing a public name must be a deliberate change."""
 
 from __future__ import annotations
-
 import __future__
+
 import types
 
 import pytest_precision

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ._errors import DumpFormatError, PrecisionError, PrecisionInputError
 from ._metrics import TensorStats, tensor_stats
 from ._version import __version__
-from .dump import Dump, Record
+from .dump import Dump, Record, capture
 
 __all__ = [
     "Dump",
@@ -18,5 +18,6 @@ __all__ = [
     "Record",
     "TensorStats",
     "__version__",
+    "capture",
     "tensor_stats",
 ]

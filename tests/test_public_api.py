@@ -15,6 +15,7 @@ EXPECTED = {
     "Record",
     "TensorStats",
     "__version__",
+    "capture",
     "tensor_stats",
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._capture import Capture, capture
 from ._records import Dump, Record
 
-__all__ = ["Dump", "Record"]
+__all__ = ["Capture", "Dump", "Record", "capture"]

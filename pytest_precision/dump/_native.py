@@ -1,0 +1,392 @@
+"""The native dump format: file layout, JSON encoding of values, and the reader.
+
+Layout (documented for users in ``docs/dump-format.md``)::
+
+    DUMP/manifest.json                 schema version, environment, ranks, steps, complete flag
+    DUMP/rank<r>/records.jsonl         one JSON object per record, in execution order
+    DUMP/rank<r>/shard-<n>.safetensors tensor data, one safetensors key per stored tensor
+    DUMP/rank<r>/rank.json             written last: record count and shard sizes of the rank
+
+A dump counts as complete only when the manifest says so and every listed rank has its
+``rank.json``; anything else was cut short and is refused with a message saying what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from .._errors import DumpFormatError
+from .._metrics import TensorStats
+from ._records import Dump, Record
+
+FORMAT_NAME = "pytest-precision-dump"
+#: Bumped on any change an older reader would misread; readers refuse versions they do not know.
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+RECORDS = "records.jsonl"
+RANK_DONE = "rank.json"
+SHARD_PATTERN = re.compile(r"shard-\d{5}\.safetensors")
+
+#: Environment variables that change numerics or determinism; recorded in every manifest.
+_PRECISION_ENV_PREFIXES = ("ASCEND_", "HCCL_", "CUBLAS_", "CUDNN_", "NVIDIA_TF32", "TORCH_", "OMP_")
+_PRECISION_ENV_NAMES = ("PYTHONHASHSEED", "CUDA_LAUNCH_BLOCKING", "MKL_NUM_THREADS")
+
+
+def rank_dir(root: Path, rank: int) -> Path:
+    return root / f"rank{rank}"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``bfloat16`` for ``torch.bfloat16``: the spelling used in records."""
+    return str(dtype).removeprefix("torch.")
+
+
+# -- JSON values ---------------------------------------------------------------------------------
+# Strict JSON has no inf/nan, slices or dtypes; those become one-key objects tagged with "$".
+
+
+def encode_value(value: Any) -> Any:
+    """A JSON-safe form of a non-tensor argument; :func:`decode_value` reverses it."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, complex):
+        return {"$complex": [encode_value(value.real), encode_value(value.imag)]}
+    if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(value)
+    if isinstance(value, (tuple, list)):  # torch.Size included
+        return [encode_value(item) for item in value]
+    if isinstance(value, slice):
+        return {
+            "$slice": [
+                encode_value(value.start),
+                encode_value(value.stop),
+                encode_value(value.step),
+            ]
+        }
+    if value is Ellipsis:
+        return {"$ellipsis": None}
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {"$dict": {key: encode_value(item) for key, item in value.items()}}
+    return {"$repr": repr(value)}
+
+
+def decode_value(value: Any) -> Any:
+    """Python values back from :func:`encode_value` (dtypes stay strings like ``torch.float32``)."""
+    if isinstance(value, list):
+        return [decode_value(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) != 1:
+        raise ValueError(f"untagged JSON object {value!r}")
+    ((tag, payload),) = value.items()
+    if tag == "$float":
+        return float(payload)
+    if tag == "$complex":
+        return complex(decode_value(payload[0]), decode_value(payload[1]))
+    if tag == "$slice":
+        return slice(*(decode_value(item) for item in payload))
+    if tag == "$ellipsis":
+        return Ellipsis
+    if tag == "$dict":
+        return {key: decode_value(item) for key, item in payload.items()}
+    if tag == "$repr":
+        return payload
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def encode_stats(stats: TensorStats) -> dict[str, Any]:
+    return {key: encode_value(item) for key, item in stats.to_dict().items()}
+
+
+def decode_stats(data: dict[str, Any]) -> TensorStats:
+    return TensorStats.from_dict({key: decode_value(item) for key, item in data.items()})
+
+
+def dumps_line(data: dict[str, Any]) -> str:
+    return json.dumps(data, allow_nan=False, separators=(",", ":")) + "\n"
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``path`` through a temporary file in the same folder, then rename over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, allow_nan=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _environment() -> dict[str, Any]:
+    """What the numerics of a run depend on, beyond the model and its input."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "torch_npu": _package_version("torch_npu"),
+        "cann": os.environ.get("ASCEND_TOOLKIT_HOME"),
+        "devices": [],
+        "seed": torch.initial_seed(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "num_threads": torch.get_num_threads(),
+        "env": {
+            key: value
+            for key, value in sorted(os.environ.items())
+            if key.startswith(_PRECISION_ENV_PREFIXES) or key in _PRECISION_ENV_NAMES
+        },
+    }
+    if torch.cuda.is_available():
+        env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return env
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def is_native_dump(path: Path) -> bool:
+    """Whether ``path`` looks like a native dump, complete or not (the reader says which)."""
+    path = Path(path)
+    return (path / MANIFEST).is_file() or any(path.glob(f"rank*/{RECORDS}"))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DumpFormatError(path, "missing file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DumpFormatError(path, f"cannot read: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DumpFormatError(path, f"malformed JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DumpFormatError(path, "malformed JSON: expected an object at the top level")
+    return data
+
+
+def _int_list(path: Path, data: dict[str, Any], key: str) -> list[int]:
+    value = data.get(key)
+    if not isinstance(value, list) or not all(type(item) is int for item in value):
+        raise DumpFormatError(path, f"{key!r} must be a list of integers, got {value!r}")
+    return value
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST
+    if not path.is_file() and any(root.glob(f"rank*/{RECORDS}")):
+        raise DumpFormatError(
+            path, "incomplete dump: no manifest (the capture was cut short or is still running)"
+        )
+    manifest = _read_json(path)
+    if manifest.get("format") != FORMAT_NAME:
+        raise DumpFormatError(
+            path, f"not a pytest-precision dump (format {manifest.get('format')!r})"
+        )
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise DumpFormatError(
+            path,
+            f"unknown schema version {version!r}; this pytest-precision reads version "
+            f"{SCHEMA_VERSION} (upgrade pytest-precision to read newer dumps)",
+        )
+    if manifest.get("complete") is not True:
+        raise DumpFormatError(
+            path, "incomplete dump: the capture did not finish (cut short by a crash, or running)"
+        )
+    _int_list(path, manifest, "ranks")
+    _int_list(path, manifest, "steps")
+    return manifest
+
+
+def read_native_dump(path: Path) -> Dump:
+    """Load a native dump; tensors stay on disk until ``Record.load()`` (memory-mapped reads)."""
+    root = Path(path)
+    manifest = read_manifest(root)
+    records: list[Record] = []
+    for rank in manifest["ranks"]:
+        records.extend(_read_rank(root, rank))
+    environment = manifest.get("environment")
+    return Dump(
+        path=root,
+        format="native",
+        records=records,
+        environment=environment if isinstance(environment, dict) else {},
+    )
+
+
+def _read_rank(root: Path, rank: int) -> list[Record]:
+    folder = rank_dir(root, rank)
+    done_path = folder / RANK_DONE
+    if not done_path.is_file():
+        raise DumpFormatError(
+            done_path, f"incomplete dump: rank {rank} never finalized (crashed or still running)"
+        )
+    done = _read_json(done_path)
+    shards = done.get("shards")
+    if not isinstance(shards, dict) or not all(type(size) is int for size in shards.values()):
+        raise DumpFormatError(done_path, f"'shards' must map file names to sizes, got {shards!r}")
+    for name, size in shards.items():
+        _check_shard(folder, name, size, done_path)
+    index_path = folder / RECORDS
+    entries = list(_read_index(index_path))
+    if len(entries) != done.get("records"):
+        raise DumpFormatError(
+            index_path,
+            f"{len(entries)} records, but {RANK_DONE} says {done.get('records')!r}: truncated",
+        )
+    headers = {name: _shard_header(folder / name) for name in shards}
+    return [
+        _record(entry, rank, folder, headers, f"{index_path}:{line}") for line, entry in entries
+    ]
+
+
+def _check_shard(folder: Path, name: object, size: int, source: Path) -> None:
+    if not isinstance(name, str) or not SHARD_PATTERN.fullmatch(name):
+        raise DumpFormatError(source, f"shard {name!r} points outside the dump folder")
+    shard = folder / name
+    if not shard.is_file():
+        raise DumpFormatError(shard, "missing shard")
+    actual = shard.stat().st_size
+    if actual != size:
+        raise DumpFormatError(shard, f"truncated or altered shard: {actual} bytes, expected {size}")
+
+
+def _shard_header(shard: Path) -> dict[str, tuple[str, list[int]]]:
+    """Key -> (dtype, shape) of every tensor in ``shard``, read from its header only."""
+    try:
+        with safe_open(shard, framework="pt") as handle:  # type: ignore[no-untyped-call]
+            header = {}
+            for key in handle.keys():  # noqa: SIM118 (safe_open handles are not mappings)
+                piece = handle.get_slice(key)
+                header[key] = (piece.get_dtype(), list(piece.get_shape()))
+            return header
+    except Exception as exc:  # safetensors raises its own error types for bad headers
+        raise DumpFormatError(shard, f"unreadable safetensors file: {exc}") from None
+
+
+def _read_index(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        handle = path.open(encoding="utf-8")
+    except FileNotFoundError:
+        raise DumpFormatError(path, "missing record index") from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith("\n"):
+                raise DumpFormatError(path, f"line {number}: truncated record")
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DumpFormatError(path, f"line {number}: malformed JSON: {exc}") from None
+            if not isinstance(entry, dict):
+                raise DumpFormatError(path, f"line {number}: expected a JSON object")
+            yield number, entry
+
+
+_REQUIRED = {"name": str, "slot": str, "kind": str, "op": str, "step": int}
+
+
+def _record(
+    entry: dict[str, Any],
+    rank: int,
+    folder: Path,
+    headers: dict[str, dict[str, tuple[str, list[int]]]],
+    where: str,
+) -> Record:
+    for key, kind in _REQUIRED.items():
+        if not isinstance(entry.get(key), kind):
+            raise DumpFormatError(where, f"field {key!r} missing or not a {kind.__name__}")
+    try:
+        stats = None if entry.get("stats") is None else decode_stats(entry["stats"])
+        value = decode_value(entry.get("value"))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise DumpFormatError(where, f"malformed value or statistics: {exc}") from None
+    dtype = entry.get("dtype")
+    shape = entry.get("shape")
+    loader = None
+    if entry.get("data") is not None:
+        loader = _loader(entry["data"], dtype, shape, folder, headers, where)
+    return Record(
+        name=entry["name"],
+        slot=entry["slot"],
+        kind=entry["kind"],
+        op=entry["op"],
+        module=entry.get("module"),
+        parent=entry.get("parent"),
+        dtype=dtype,
+        shape=None if shape is None else tuple(shape),
+        stats=stats,
+        value=value,
+        rank=rank,
+        step=entry["step"],
+        loader=loader,
+    )
+
+
+def _loader(
+    data: object,
+    dtype: object,
+    shape: object,
+    folder: Path,
+    headers: dict[str, dict[str, tuple[str, list[int]]]],
+    where: str,
+) -> Callable[[], torch.Tensor]:
+    if not isinstance(data, dict) or not isinstance(data.get("key"), str):
+        raise DumpFormatError(where, f"malformed data location {data!r}")
+    shard_name, key, raw = data.get("shard"), data["key"], bool(data.get("bytes"))
+    if not isinstance(shard_name, str) or not SHARD_PATTERN.fullmatch(shard_name):
+        raise DumpFormatError(where, f"data location {shard_name!r} points outside the dump folder")
+    if shard_name not in headers:
+        raise DumpFormatError(where, f"shard {shard_name} is not listed in {RANK_DONE}")
+    if key not in headers[shard_name]:
+        raise DumpFormatError(folder / shard_name, f"has no tensor {key!r} (needed by {where})")
+    if not isinstance(dtype, str) or not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise DumpFormatError(where, f"unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(type(size) is int for size in shape):
+        raise DumpFormatError(where, f"malformed shape {shape!r}")
+    target: torch.dtype = getattr(torch, dtype)
+    stored_dtype, stored_shape = headers[shard_name][key]
+    expected_numel = math.prod(shape) * (target.itemsize if raw else 1)
+    if math.prod(stored_shape) != expected_numel:
+        raise DumpFormatError(
+            folder / shard_name,
+            f"tensor {key!r} has shape {stored_shape} ({stored_dtype}), "
+            f"the record {where} says {shape} ({dtype})",
+        )
+    return lambda: _load(folder / shard_name, key, target, tuple(shape), raw)
+
+
+def _load(
+    shard: Path, key: str, dtype: torch.dtype, shape: tuple[int, ...], raw: bool
+) -> torch.Tensor:
+    try:
+        with safe_open(shard, framework="pt") as handle:  # type: ignore[no-untyped-call]
+            tensor: torch.Tensor = handle.get_tensor(key)
+    except Exception as exc:
+        raise DumpFormatError(shard, f"cannot read tensor {key!r}: {exc}") from None
+    if raw:  # dtypes safetensors cannot store travel as their bytes
+        tensor = tensor.view(dtype)
+    return tensor.reshape(shape)

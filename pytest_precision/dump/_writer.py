@@ -1,0 +1,248 @@
+"""The streaming writer of one rank of a native dump.
+
+Capture hands over records in execution order; a background thread computes statistics of the
+tensor copies, packs them into safetensors shards of bounded size and appends the record index.
+The producer blocks while the bytes held in memory exceed a budget, so memory stays bounded
+however much a forward produces. ``close()`` writes ``rank.json`` (and, on rank 0, the manifest
+with ``complete: true``) last and atomically: a dump cut short never looks complete.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from .._errors import PrecisionError
+from .._metrics import TensorStats, tensor_stats
+from ._native import (
+    FORMAT_NAME,
+    MANIFEST,
+    RANK_DONE,
+    RECORDS,
+    SCHEMA_VERSION,
+    _environment,
+    dumps_line,
+    encode_stats,
+    rank_dir,
+    write_json_atomic,
+)
+
+#: A shard is written out once its tensors reach this many bytes.
+SHARD_BYTES = 32 << 20
+#: Tensor bytes that may wait in memory (queued or in the open shard) before capture blocks.
+PENDING_BYTES = 96 << 20
+
+
+def _safetensors_can_store(dtype: torch.dtype) -> bool:
+    try:
+        from safetensors.torch import _SIZE  # the dtype table of the installed safetensors
+
+        return dtype in _SIZE
+    except ImportError:  # pragma: no cover - older or newer safetensors layout
+        return dtype in {torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8}
+
+
+@dataclass
+class _Item:
+    entry: dict[str, Any]
+    key: str | None = None
+    tensor: torch.Tensor | None = None
+    stats: TensorStats | None = None
+    alias: str | None = None
+    nbytes: int = 0
+
+
+_STOP = object()
+
+
+class DumpWriter:
+    """Writes the records of one rank under ``root/rank<r>/``; usable from one producer thread."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        rank: int,
+        world_size: int,
+        info: dict[str, Any],
+        shard_bytes: int = SHARD_BYTES,
+        pending_bytes: int = PENDING_BYTES,
+    ) -> None:
+        self.root = Path(root)
+        self.rank = rank
+        self.world_size = world_size
+        self.info = info
+        self.folder = rank_dir(self.root, rank)
+        self.shard_bytes = shard_bytes
+        self.pending_limit = pending_bytes
+        self.steps: set[int] = set()
+        self._pending = 0
+        self._pending_lock = threading.Condition()
+        self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._count = 0
+        self._shard: dict[str, torch.Tensor] = {}
+        self._shard_nbytes = 0
+        self._shards: dict[str, int] = {}
+        self._locations: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
+        self._raw_keys: set[str] = set()
+        self._thread: threading.Thread | None = None
+
+    # -- producer side ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.folder.exists() and any(self.folder.iterdir()):
+            raise PrecisionError(f"{self.folder}: already holds a dump; choose an empty folder")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            self._write_manifest(complete=False)
+        self._index = (self.folder / RECORDS).open("w", encoding="utf-8")
+        self._thread = threading.Thread(
+            target=self._run, name=f"pytest-precision-dump-rank{self.rank}", daemon=True
+        )
+        self._thread.start()
+
+    def add(
+        self,
+        entry: dict[str, Any],
+        *,
+        key: str | None = None,
+        tensor: torch.Tensor | None = None,
+        stats: TensorStats | None = None,
+        alias: str | None = None,
+    ) -> None:
+        """Queue one record: ``tensor`` is a private CPU copy to store under ``key``; ``stats``
+        given means statistics mode; ``alias`` reuses the data and statistics of an earlier key."""
+        self._raise_if_failed()
+        self.steps.add(entry["step"])
+        nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
+        if nbytes:
+            with self._pending_lock:
+                # A tensor larger than the whole budget still goes through, alone.
+                while self._pending and self._pending + nbytes > self.pending_limit:
+                    self._pending_lock.wait()
+                    self._raise_if_failed()
+                self._pending += nbytes
+        self._queue.put(_Item(entry, key, tensor, stats, alias, nbytes))
+
+    def close(self) -> None:
+        """Flush everything, then finalize: ``rank.json``, and the manifest on rank 0."""
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join()
+        self._thread = None
+        self._index.close()
+        self._raise_if_failed()
+        write_json_atomic(
+            self.folder / RANK_DONE,
+            {
+                "rank": self.rank,
+                "records": self._count,
+                "steps": sorted(self.steps),
+                "shards": self._shards,
+            },
+        )
+        if self.rank == 0:
+            self._write_manifest(complete=True)
+
+    def abort(self) -> None:
+        """Stop the writer thread without finalizing: the dump stays marked incomplete."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._thread = None
+            self._index.close()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise PrecisionError(f"{self.folder}: writing the dump failed: {self._error}")
+
+    def _write_manifest(self, *, complete: bool) -> None:
+        write_json_atomic(
+            self.root / MANIFEST,
+            {
+                "format": FORMAT_NAME,
+                "schema_version": SCHEMA_VERSION,
+                "complete": complete,
+                **self.info,
+                "world_size": self.world_size,
+                "ranks": list(range(self.world_size)),
+                "steps": sorted(self.steps),
+                "environment": _environment(),
+            },
+        )
+
+    # -- writer thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while (item := self._queue.get()) is not _STOP:
+                assert isinstance(item, _Item)
+                self._write(item)
+            self._flush_shard()
+            self._index.flush()
+        except BaseException as exc:  # reported to the producer on its next call
+            self._error = exc
+            with self._pending_lock:
+                self._pending_lock.notify_all()
+
+    def _write(self, item: _Item) -> None:
+        entry = item.entry
+        if item.alias is not None:
+            shard, stats = self._locations[item.alias]
+            self._locate(entry, shard, item.alias)
+            entry["stats"] = stats
+        elif item.key is not None:
+            stats = item.stats
+            shard = None
+            if item.tensor is not None:
+                stats = stats or tensor_stats(item.tensor)
+                shard = self._store(item.key, item.tensor)
+            entry["stats"] = None if stats is None else encode_stats(stats)
+            self._locations[item.key] = (shard, entry["stats"])
+            self._locate(entry, shard, item.key)
+        self._index.write(dumps_line(entry))
+        self._count += 1
+
+    def _locate(self, entry: dict[str, Any], shard: str | None, key: str) -> None:
+        if shard is None:
+            entry["data"] = None
+        else:
+            entry["data"] = {"shard": shard, "key": key}
+            if key in self._raw_keys:
+                entry["data"]["bytes"] = True
+
+    def _store(self, key: str, tensor: torch.Tensor) -> str:
+        if not _safetensors_can_store(tensor.dtype):
+            tensor = tensor.reshape(-1).view(torch.uint8)
+            self._raw_keys.add(key)
+        self._shard[key] = tensor
+        self._shard_nbytes += tensor.numel() * tensor.element_size()
+        name = f"shard-{len(self._shards):05d}.safetensors"
+        if self._shard_nbytes >= self.shard_bytes:
+            self._flush_shard()
+        return name
+
+    def _flush_shard(self) -> None:
+        if not self._shard:
+            return
+        name = f"shard-{len(self._shards):05d}.safetensors"
+        path = self.folder / name
+        tmp = path.with_name(f".{name}.tmp")
+        save_file(self._shard, os.fspath(tmp))
+        os.replace(tmp, path)
+        self._shards[name] = path.stat().st_size
+        released = self._shard_nbytes
+        self._shard = {}
+        self._shard_nbytes = 0
+        with self._pending_lock:
+            self._pending -= released
+            self._pending_lock.notify_all()

@@ -31,11 +31,14 @@ Mode = Literal["tensor", "statistics"]
 
 #: Tensor methods that only read metadata; calls of these (and property reads such as
 #: ``.shape``) become records only if they return a tensor.
-_METADATA = frozenset(
-    "size dim ndimension numel nelement stride storage_offset is_contiguous is_floating_point "
-    "is_complex is_signed element_size data_ptr get_device is_pinned has_names __len__ "
-    "__repr__ __format__ __hash__ __dir__ untyped_storage".split()
-)
+# fmt: off
+_METADATA = frozenset({
+    "size", "dim", "ndimension", "numel", "nelement", "stride", "storage_offset",
+    "is_contiguous", "is_floating_point", "is_complex", "is_signed", "element_size", "data_ptr",
+    "get_device", "is_pinned", "has_names", "untyped_storage",
+    "__len__", "__repr__", "__format__", "__hash__", "__dir__",
+})
+# fmt: on
 
 
 @dataclass(frozen=True)

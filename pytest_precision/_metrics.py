@@ -7,6 +7,7 @@ every computation runs on the device where the tensor lives.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -50,6 +51,33 @@ class TensorStats:
         return cls(**{name: data[name] for name in cls.__dataclass_fields__})
 
 
+_scratch = threading.local()
+
+
+def _float64_copy(chunk: torch.Tensor) -> torch.Tensor:
+    """``chunk`` in float64, in a buffer reused per thread and device: allocating a fresh one
+    for every chunk costs as much as the sums themselves."""
+    buffers: dict[torch.device, torch.Tensor] = _scratch.__dict__.setdefault("buffers", {})
+    buffer = buffers.get(chunk.device)
+    if buffer is None or buffer.numel() < chunk.numel():
+        buffer = torch.empty(
+            max(chunk.numel(), CHUNK_NUMEL), dtype=torch.float64, device=chunk.device
+        )
+        buffers[chunk.device] = buffer
+    return buffer[: chunk.numel()].copy_(chunk)
+
+
+def _with_reduction_kernels(chunk: torch.Tensor) -> torch.Tensor:
+    """``chunk`` in a dtype torch can reduce, exactly: float8 as float32, uint16/32 as int64."""
+    if chunk.is_floating_point() and chunk.element_size() == 1:
+        return chunk.to(torch.float32)
+    if chunk.dtype in (torch.uint16, torch.uint32):
+        return chunk.to(torch.int64)
+    if chunk.dtype == torch.uint64:
+        return chunk.to(torch.float64)  # exact below 2**53
+    return chunk
+
+
 def tensor_stats(t: torch.Tensor) -> TensorStats:
     """Compute :class:`TensorStats` of ``t`` with float64 accumulation, chunk by chunk."""
     if t.is_complex():
@@ -64,21 +92,26 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     nan = posinf = neginf = 0
     floating = t.is_floating_point()
     for chunk in iter_flat_chunks(t.detach()):
-        if floating:
+        chunk = _with_reduction_kernels(chunk)
+        c64 = _float64_copy(chunk)
+        c_total = float(c64.sum())
+        # A float64 sum of finite values is finite unless float64 itself overflows, so the
+        # costly element-wise finiteness test only runs on chunks whose sum is not.
+        if floating and not math.isfinite(c_total):
             finite = torch.isfinite(chunk)
-            if not bool(finite.all()):
-                nan += int(torch.isnan(chunk).sum())
-                posinf += int((chunk == math.inf).sum())
-                neginf += int((chunk == -math.inf).sum())
-                chunk = chunk[finite]
-                if chunk.numel() == 0:
-                    continue
+            nan += int(torch.isnan(chunk).sum())
+            posinf += int((chunk == math.inf).sum())
+            neginf += int((chunk == -math.inf).sum())
+            chunk = chunk[finite]
+            if chunk.numel() == 0:
+                continue
+            c64 = _float64_copy(chunk)
+            c_total = float(c64.sum())
         # min and max are exact in the source dtype; only the sums need float64.
         c_lo, c_hi = torch.aminmax(chunk)
         lo = min(lo, float(c_lo))
         hi = max(hi, float(c_hi))
-        c64 = chunk.to(torch.float64)
-        total += float(c64.sum())
+        total += c_total
         sq_total += float(torch.dot(c64, c64))
     finite_count = numel - nan - posinf - neginf
     if finite_count == 0:

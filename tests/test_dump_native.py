@@ -77,7 +77,7 @@ def test_every_dtype_round_trips_bitwise(tmp_path: Path) -> None:
     write_dump(tmp_path, tensors)
     dump = read_native_dump(tmp_path)
     assert [r.name for r in dump] == list(tensors)
-    for record, expected in zip(dump, tensors.values()):
+    for record, expected in zip(dump, tensors.values(), strict=True):
         loaded = record.load()
         assert loaded is not None
         assert loaded.dtype == expected.dtype, record.name
@@ -96,7 +96,7 @@ def test_shards_roll_over_and_pending_memory_stays_bounded(tmp_path: Path) -> No
     write_dump(tmp_path, tensors, shard_bytes=512 << 10, pending_bytes=600 << 10)
     assert len(list((tmp_path / "rank0").glob("shard-*.safetensors"))) == 6
     dump = read_native_dump(tmp_path)
-    for record, expected in zip(dump, tensors.values()):
+    for record, expected in zip(dump, tensors.values(), strict=True):
         assert torch.equal(record.load(), expected)
 
 
@@ -228,7 +228,7 @@ def _truncate_shard_and_its_size(dump: Path) -> None:
             lambda d: _edit_first_record(d, data={"shard": "shard-00000.safetensors", "key": "9"}),
             "shard-00000.safetensors",
             "has no tensor '9'",
-        ),  # fmt: skip
+        ),
         (lambda d: _edit_first_record(d, shape=[5, 5]), "shard-00000.safetensors", "shape"),
         (lambda d: _edit_first_record(d, name=None), "records.jsonl:1", "field 'name'"),
         (

@@ -144,8 +144,8 @@ class _OpMode(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         capture = self.capture
-        if capture._busy or not capture._recording:
-            return func(*args, **kwargs)
+        if capture._busy or not capture._stack or not capture._recording:
+            return func(*args, **kwargs)  # our own work, or a call outside the model's forward
         kind, op, is_property = _op_kind_and_name(func)
         if is_property or op in _METADATA:
             output = func(*args, **kwargs)

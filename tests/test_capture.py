@@ -1,0 +1,312 @@
+"""Capture on a real tiny Llama: records equal what the model produced, numerics never change."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from examples.tiny_llama import (
+    TinyLlamaConfig,
+    build_tiny_llama,
+    example_input_ids,
+    greedy_generate,
+)
+from pytest_precision import (
+    DumpFormatError,
+    PrecisionError,
+    PrecisionInputError,
+    Record,
+    capture,
+    tensor_stats,
+)
+from pytest_precision.dump import _capture
+from pytest_precision.dump._native import read_native_dump
+
+CONFIG = TinyLlamaConfig(num_layers=2)
+LEVELS = ("module", "op", "mix")
+MODES = ("tensor", "statistics")
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def _module_outputs(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], list[Any]]:
+    """Independent oracle: plain forward hooks copying every module output, keyed like records."""
+    outputs: dict[str, torch.Tensor] = {}
+    calls: dict[str, int] = defaultdict(int)
+    handles = []
+    for path, module in model.named_modules():
+
+        def hook(mod: torch.nn.Module, args: Any, out: Any, path: str = path) -> None:
+            count = calls[path]
+            calls[path] += 1
+            prefix = f"Module.{path}." if path else "Module."
+            name = f"{prefix}{type(mod).__name__}.forward.{count}"
+            items = out if isinstance(out, tuple) else (out,)
+            for i, item in enumerate(items):
+                outputs[f"{name}.output.{i}"] = item.detach().clone()
+
+        handles.append(module.register_forward_hook(hook))
+    return outputs, handles
+
+
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def model(request: pytest.FixtureRequest) -> torch.nn.Module:
+    return build_tiny_llama(CONFIG, seed=0, dtype=request.param)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("level", LEVELS)
+def test_round_trip_is_bitwise_and_numerics_do_not_change(
+    model: torch.nn.Module, tmp_path: Path, level: str, mode: str
+) -> None:
+    ids = example_input_ids(CONFIG, seq=12)
+    with torch.no_grad():
+        plain = model(ids)
+        expected, handles = _module_outputs(model)
+        with capture(model, tmp_path, level=level, mode=mode):  # type: ignore[arg-type]
+            captured = model(ids)
+        for handle in handles:
+            handle.remove()
+    assert _bitwise_equal(captured, plain), "capture changed the model's output"
+
+    dump = read_native_dump(tmp_path)
+    records = {r.key: r for r in dump}
+    kinds = {r.kind for r in dump}
+    assert ("Module" in kinds) == (level != "op")
+    assert bool(kinds - {"Module"}) == (level != "module")
+    for record in dump:
+        assert record.rank == 0
+        assert record.step == 0
+        if record.is_tensor and record.stats is not None:
+            assert record.stats.numel == (torch.Size(record.shape).numel() or 0)
+        if mode == "statistics":
+            assert record.load() is None
+        elif record.is_tensor:
+            loaded = record.load()
+            assert loaded is not None
+            assert record.dtype == str(loaded.dtype).removeprefix("torch.")
+            assert repr(record.stats) == repr(tensor_stats(loaded)), record.key
+
+    if level != "op":  # every module output, against the independent hooks
+        module_keys = [key for key in expected if key in records]
+        assert len(module_keys) == len(expected)
+        if mode == "tensor":
+            for key in module_keys:
+                assert _bitwise_equal(records[key].load(), expected[key]), key
+        else:
+            for key in module_keys:
+                assert repr(records[key].stats) == repr(tensor_stats(expected[key])), key
+    if mode == "tensor" and level != "module":
+        _check_linear_records(dump.records, model)
+    last_output = [r for r in dump if r.slot == "output.0"][-1]
+    if mode == "tensor":
+        assert _bitwise_equal(last_output.load(), plain)
+    else:
+        assert repr(last_output.stats) == repr(tensor_stats(plain))
+
+
+def _check_linear_records(records: Any, model: torch.nn.Module) -> None:
+    """Each F.linear record: weight is the module's parameter, output recomputes bitwise."""
+    by_name: dict[str, dict[str, Record]] = defaultdict(dict)
+    for r in records:
+        if r.name.startswith("Functional.linear."):
+            by_name[r.name][r.slot] = r
+    assert len(by_name) == 7 * CONFIG.num_layers + 1
+    params = dict(model.named_parameters())
+    for name, slots in by_name.items():
+        module = slots["output.0"].module
+        weight = slots["input.1"].load()
+        assert _bitwise_equal(weight, params[f"{module}.weight"]), name
+        recomputed = F.linear(slots["input.0"].load(), weight)
+        assert _bitwise_equal(slots["output.0"].load(), recomputed), name
+
+
+def test_names_modules_and_parents_follow_the_conventions(tmp_path: Path) -> None:
+    model = build_tiny_llama(CONFIG)
+    with torch.no_grad(), capture(model, tmp_path, mode="statistics"):
+        model(example_input_ids(CONFIG, seq=8))
+    dump = read_native_dump(tmp_path)
+    by_key = {r.key: r for r in dump}
+    down = by_key["Module.model.layers.0.mlp.down_proj.Linear.forward.0.output.0"]
+    assert (down.kind, down.op, down.module) == ("Module", "Linear", "model.layers.0.mlp.down_proj")
+    assert down.parent == "Module.model.layers.0.mlp.MLP.forward.0"
+    weight = by_key["Module.model.layers.0.mlp.down_proj.Linear.forward.0.parameters.weight"]
+    assert weight.dtype == "float32"
+    assert weight.shape == (CONFIG.hidden_size, CONFIG.intermediate_size)
+    root = dump.records[0]
+    assert (root.name, root.module, root.parent) == (
+        "Module.TinyLlamaForCausalLM.forward.0",
+        "",
+        None,
+    )
+    q = by_key["Functional.linear.0.forward.output.0"]
+    assert (q.kind, q.op, q.module) == ("Functional", "linear", "model.layers.0.self_attn.q_proj")
+    assert q.parent == "Module.model.layers.0.self_attn.q_proj.Linear.forward.0"
+    # The seventh linear of the run is layer 0's down_proj: op counters are per api name.
+    assert by_key["Functional.linear.6.forward.output.0"].module == "model.layers.0.mlp.down_proj"
+    scores = by_key["Torch.matmul.0.forward.output.0"]
+    assert scores.module == "model.layers.0.self_attn"
+    softmax = by_key["Functional.softmax.0.forward.kwargs.dtype"]
+    assert (softmax.dtype, softmax.value) == (None, "torch.float32")
+    assert by_key["Tensor.masked_fill.0.forward.input.2"].value == float("-inf")
+    # Pure metadata reads never become records.
+    assert not {r.op for r in dump} & {"size", "dim", "shape", "dtype", "device"}
+
+
+def test_op_level_keeps_the_enclosing_module_without_parents(tmp_path: Path) -> None:
+    model = build_tiny_llama(CONFIG)
+    with torch.no_grad(), capture(model, tmp_path, level="op", mode="statistics"):
+        model(example_input_ids(CONFIG, seq=8))
+    dump = read_native_dump(tmp_path)
+    q = next(r for r in dump if r.name == "Functional.linear.0.forward")
+    assert (q.module, q.parent) == ("model.layers.0.self_attn.q_proj", None)
+
+
+def test_include_and_exclude_filter_calls_by_name_or_module(tmp_path: Path) -> None:
+    model = build_tiny_llama(CONFIG)
+    ids = example_input_ids(CONFIG, seq=8)
+    with torch.no_grad():
+        with capture(model, tmp_path / "a", include="model.layers.1.*", exclude="Tensor.*"):
+            model(ids)
+        with capture(model, tmp_path / "b", level="op", include=["Functional.linear.*"]):
+            model(ids)
+    a = read_native_dump(tmp_path / "a")
+    assert len(a) > 0
+    assert all(r.module.startswith("model.layers.1.") for r in a)
+    assert "Tensor" not in {r.kind for r in a}
+    b = read_native_dump(tmp_path / "b")
+    assert {r.name.rsplit(".", 2)[0] for r in b} == {"Functional.linear"}
+    # Names count every call, kept or not: filtering never renames what is kept.
+    assert "Functional.linear.14.forward" in {r.name for r in b}
+
+
+def test_steps_separate_decode_steps_and_limit_capture(tmp_path: Path) -> None:
+    model = build_tiny_llama(CONFIG)
+    ids = example_input_ids(CONFIG, seq=6)
+    with capture(model, tmp_path, level="module", steps=range(1, 3)) as cap:
+        tokens = greedy_generate(model, ids, 4, on_step=lambda i: i and cap.step())
+    assert torch.equal(tokens, greedy_generate(model, ids, 4))
+    dump = read_native_dump(tmp_path)
+    assert {r.step for r in dump} == {1, 2}
+    roots = [r for r in dump if r.name == "Module.TinyLlamaForCausalLM.forward.0"]
+    assert [(r.step, r.slot, r.shape) for r in roots] == [
+        (1, "input.0", (1, 7)),
+        (1, "output.0", (1, 7, CONFIG.vocab_size)),
+        (2, "input.0", (1, 8)),
+        (2, "output.0", (1, 8, CONFIG.vocab_size)),
+    ]
+    # A weight is stored once and shared by later steps.
+    weights = [r for r in dump if r.key.endswith("lm_head.Linear.forward.0.parameters.weight")]
+    assert len(weights) == 2
+    assert torch.equal(weights[0].load(), weights[1].load())
+
+
+class _InPlace(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.add_(1)  # in place: its input must be recorded before the call
+        return y.mul(3)
+
+
+def test_in_place_ops_record_inputs_before_the_call(tmp_path: Path) -> None:
+    x = torch.arange(4.0)
+    with capture(_InPlace(), tmp_path, level="op") as cap:
+        x.add(0)  # outside the model's forward: not recorded
+        cap.model(x)
+    dump = read_native_dump(tmp_path)
+    by_key = {r.key: r.load() for r in dump if r.is_tensor}
+    assert torch.equal(by_key["Tensor.add_.0.forward.input.0"], x * 2)
+    assert torch.equal(by_key["Tensor.add_.0.forward.output.0"], x * 2 + 1)
+    # The output of add_ is the same object as mul's input, but changed: not deduplicated.
+    assert torch.equal(by_key["Tensor.mul.1.forward.input.0"], x * 2 + 1)
+    assert "Tensor.add.0.forward.input.0" not in by_key
+
+
+class _Nested(torch.nn.Module):
+    def forward(self, pair: tuple[torch.Tensor, torch.Tensor], *, scale: float) -> dict[str, Any]:
+        a, b = pair
+        return {"sum": a + b, "cache": (a * scale, b * scale)}
+
+
+def test_nested_containers_get_dotted_slots(tmp_path: Path) -> None:
+    a, b = torch.ones(2), torch.zeros(2)
+    with capture(_Nested(), tmp_path, level="module") as cap:
+        cap.model((a, b), scale=2.0)
+    slots = {r.slot: r for r in read_native_dump(tmp_path)}
+    assert set(slots) == {
+        "input.0.0",
+        "input.0.1",
+        "kwargs.scale",
+        "output.0.sum",
+        "output.0.cache.0",
+        "output.0.cache.1",
+    }
+    assert slots["kwargs.scale"].value == 2.0
+    assert torch.equal(slots["output.0.cache.0"].load(), a * 2)
+
+
+def test_rank_comes_from_torch_distributed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = build_tiny_llama(CONFIG)
+    ids = example_input_ids(CONFIG, seq=4)
+    for rank in (1, 0):  # rank 0 writes the manifest; the order does not matter
+        monkeypatch.setattr(_capture, "_rank_and_world_size", lambda rank=rank: (rank, 2))
+        with torch.no_grad(), capture(model, tmp_path, level="module", mode="statistics"):
+            model(ids)
+    dump = read_native_dump(tmp_path)
+    assert sorted({r.rank for r in dump}) == [0, 1]
+    assert (tmp_path / "rank1" / "records.jsonl").is_file()
+    assert len([r for r in dump if r.rank == 0]) == len([r for r in dump if r.rank == 1])
+
+
+def test_a_dump_cut_short_by_a_crash_is_incomplete(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import os, sys, torch
+        sys.path.insert(0, {os.getcwd()!r})
+        from examples.tiny_llama import build_tiny_llama, example_input_ids
+        from pytest_precision import capture
+        model = build_tiny_llama()
+        with capture(model, {str(tmp_path)!r}):
+            model(example_input_ids())
+            os._exit(3)  # the process dies inside the capture
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], check=False, timeout=120)
+    assert result.returncode == 3
+    with pytest.raises(DumpFormatError, match="incomplete dump"):
+        read_native_dump(tmp_path)
+
+
+def test_an_exception_in_the_forward_still_finalizes_and_unhooks(tmp_path: Path) -> None:
+    model = build_tiny_llama(CONFIG)
+    with pytest.raises(ValueError, match="unpack"), capture(model, tmp_path, level="mix"):
+        model(torch.zeros(1, 3, 3, dtype=torch.long))  # wrong rank: fails inside the forward
+    assert len(read_native_dump(tmp_path)) > 0
+    assert not model.lm_head._forward_hooks
+    assert not model.lm_head._forward_pre_hooks
+    assert not torch.overrides._get_current_function_mode_stack()
+
+
+def test_bad_arguments_and_existing_dumps_are_refused(tmp_path: Path) -> None:
+    model = build_tiny_llama(CONFIG)
+    with pytest.raises(PrecisionInputError, match="level"):
+        capture(model, tmp_path, level="L1")  # type: ignore[arg-type]
+    with pytest.raises(PrecisionInputError, match="mode"):
+        capture(model, tmp_path, mode="md5")  # type: ignore[arg-type]
+    with pytest.raises(PrecisionInputError, match=r"torch\.nn\.Module"):
+        capture(lambda x: x, tmp_path)  # type: ignore[arg-type]
+    with capture(model, tmp_path, level="module", mode="statistics"):
+        pass
+    with pytest.raises(PrecisionError, match="already holds a dump"), capture(model, tmp_path):
+        pass

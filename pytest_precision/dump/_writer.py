@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from .._errors import PrecisionError
 from .._metrics import TensorStats, tensor_stats
+from .._version import __version__
 from ._native import (
     FORMAT_NAME,
     MANIFEST,
@@ -172,6 +173,7 @@ class DumpWriter:
                 "format": FORMAT_NAME,
                 "schema_version": SCHEMA_VERSION,
                 "complete": complete,
+                "created_by": f"pytest-precision {__version__}",
                 **self.info,
                 "world_size": self.world_size,
                 "ranks": list(range(self.world_size)),

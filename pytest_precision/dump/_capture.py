@@ -217,7 +217,10 @@ class Capture:
     def __enter__(self) -> Capture:
         rank, world_size = _rank_and_world_size()
         info = {"level": self.level, "mode": self.mode}
-        self._writer = DumpWriter(self.path, rank=rank, world_size=world_size, info=info)
+        # Statistics are computed at capture time; only tensor data is worth a writer thread.
+        self._writer = DumpWriter(
+            self.path, rank=rank, world_size=world_size, info=info, background=self.mode == "tensor"
+        )
         self._writer.start()
         self.rank = rank
         names: dict[int, str] = {}

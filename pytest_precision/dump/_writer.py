@@ -14,7 +14,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from safetensors.torch import save_file
@@ -75,6 +75,7 @@ class DumpWriter:
         info: dict[str, Any],
         shard_bytes: int = SHARD_BYTES,
         pending_bytes: int = PENDING_BYTES,
+        background: bool = True,
     ) -> None:
         self.root = Path(root)
         self.rank = rank
@@ -94,7 +95,9 @@ class DumpWriter:
         self._shards: dict[str, int] = {}
         self._locations: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
         self._raw_keys: set[str] = set()
+        self._background = background
         self._thread: threading.Thread | None = None
+        self._index: TextIO | None = None
 
     # -- producer side ---------------------------------------------------------------------------
 
@@ -105,10 +108,11 @@ class DumpWriter:
         if self.rank == 0:
             self._write_manifest(complete=False)
         self._index = (self.folder / RECORDS).open("w", encoding="utf-8")
-        self._thread = threading.Thread(
-            target=self._run, name=f"pytest-precision-dump-rank{self.rank}", daemon=True
-        )
-        self._thread.start()
+        if self._background:
+            self._thread = threading.Thread(
+                target=self._run, name=f"pytest-precision-dump-rank{self.rank}", daemon=True
+            )
+            self._thread.start()
 
     def add(
         self,
@@ -123,6 +127,9 @@ class DumpWriter:
         given means statistics mode; ``alias`` reuses the data and statistics of an earlier key."""
         self._raise_if_failed()
         self.steps.add(entry["step"])
+        if self._thread is None:  # written in the caller's thread
+            self._write(_Item(entry, key, tensor, stats, alias))
+            return
         nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
         if nbytes:
             with self._pending_lock:
@@ -135,12 +142,16 @@ class DumpWriter:
 
     def close(self) -> None:
         """Flush everything, then finalize: ``rank.json``, and the manifest on rank 0."""
-        if self._thread is None:
+        if self._index is None:
             return
-        self._queue.put(_STOP)
-        self._thread.join()
-        self._thread = None
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._thread = None
+        else:
+            self._flush_shard()
         self._index.close()
+        self._index = None
         self._raise_if_failed()
         write_json_atomic(
             self.folder / RANK_DONE,
@@ -153,14 +164,6 @@ class DumpWriter:
         )
         if self.rank == 0:
             self._write_manifest(complete=True)
-
-    def abort(self) -> None:
-        """Stop the writer thread without finalizing: the dump stays marked incomplete."""
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join()
-            self._thread = None
-            self._index.close()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -190,7 +193,6 @@ class DumpWriter:
                 assert isinstance(item, _Item)
                 self._write(item)
             self._flush_shard()
-            self._index.flush()
         except BaseException as exc:  # reported to the producer on its next call
             self._error = exc
             with self._pending_lock:
@@ -211,6 +213,7 @@ class DumpWriter:
             entry["stats"] = None if stats is None else encode_stats(stats)
             self._locations[item.key] = (shard, entry["stats"])
             self._locate(entry, shard, item.key)
+        assert self._index is not None
         self._index.write(dumps_line(entry))
         self._count += 1
 

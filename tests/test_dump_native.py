@@ -259,6 +259,16 @@ def test_bad_dumps_are_refused_with_file_and_problem(
     assert problem in info.value.problem
 
 
+def test_a_shard_linking_outside_the_dump_is_refused(dump: Path, tmp_path_factory: Any) -> None:
+    shard = _shard(dump)
+    outside = tmp_path_factory.mktemp("elsewhere") / "secret.safetensors"
+    outside.write_bytes(shard.read_bytes())
+    shard.unlink()
+    shard.symlink_to(outside)
+    with pytest.raises(DumpFormatError, match="outside the dump folder"):
+        read_native_dump(dump)
+
+
 def test_writer_refuses_a_folder_holding_a_dump(dump: Path) -> None:
     from pytest_precision import PrecisionError
 

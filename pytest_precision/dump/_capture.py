@@ -9,9 +9,10 @@ mode calls the original function with the original arguments, so outputs stay bi
 from __future__ import annotations
 
 import fnmatch
+import functools
 import itertools
 import weakref
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -56,7 +57,9 @@ class _Call:
 # -- naming operators ------------------------------------------------------------------------------
 
 
+@functools.cache
 def _functional_names() -> dict[Any, str]:
+    """``torch.nn.functional``'s public callables, by object (``F.linear`` is a torch builtin)."""
     return {
         obj: name
         for name in dir(F)
@@ -64,18 +67,9 @@ def _functional_names() -> dict[Any, str]:
     }
 
 
-_FUNCTIONAL: dict[Any, str] | None = None
-
-
-def _op_kind_and_name(func: Any) -> tuple[str, str, bool]:
+def _classify(func: Any) -> tuple[str, str, bool]:
     """(kind, op name, is a property read) of a function seen by ``__torch_function__``."""
-    global _FUNCTIONAL
-    if _FUNCTIONAL is None:
-        _FUNCTIONAL = _functional_names()
-    try:
-        functional = _FUNCTIONAL.get(func)
-    except TypeError:  # unhashable callable
-        functional = None
+    functional = _functional_names().get(func) if isinstance(func, Hashable) else None
     if functional is not None:
         return "Functional", functional, False
     owner = getattr(func, "__self__", None)
@@ -86,6 +80,13 @@ def _op_kind_and_name(func: Any) -> tuple[str, str, bool]:
     if qualname.startswith(("TensorBase.", "Tensor.")):
         return "Tensor", name, False
     return "Torch", name, False
+
+
+_classify_cached = functools.lru_cache(maxsize=4096)(_classify)
+
+
+def _op_kind_and_name(func: Any) -> tuple[str, str, bool]:
+    return _classify_cached(func) if isinstance(func, Hashable) else _classify(func)
 
 
 # -- walking values --------------------------------------------------------------------------------

@@ -270,6 +270,8 @@ def _check_shard(folder: Path, name: object, size: int, source: Path) -> None:
     shard = folder / name
     if not shard.is_file():
         raise DumpFormatError(shard, "missing shard")
+    if shard.resolve().parent != folder.resolve():
+        raise DumpFormatError(shard, f"links to {shard.resolve()}, outside the dump folder")
     actual = shard.stat().st_size
     if actual != size:
         raise DumpFormatError(shard, f"truncated or altered shard: {actual} bytes, expected {size}")

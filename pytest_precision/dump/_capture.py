@@ -168,29 +168,20 @@ class Capture:
     def __init__(
         self,
         model: torch.nn.Module,
-        path: str | Path,
-        *,
-        level: Level = "mix",
-        mode: Mode = "tensor",
-        include: Iterable[str] | str | None = None,
-        exclude: Iterable[str] | str | None = None,
-        steps: Iterable[int] | None = None,
+        path: Path,
+        level: Level,
+        mode: Mode,
+        include: tuple[str, ...] | None,
+        exclude: tuple[str, ...],
+        steps: frozenset[int] | None,
     ) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise PrecisionInputError(
-                f"capture() needs a torch.nn.Module, got {type(model).__name__}"
-            )
-        if level not in ("module", "op", "mix"):
-            raise PrecisionInputError(f"level must be 'module', 'op' or 'mix', got {level!r}")
-        if mode not in ("tensor", "statistics"):
-            raise PrecisionInputError(f"mode must be 'tensor' or 'statistics', got {mode!r}")
         self.model = model
-        self.path = Path(path)
+        self.path = path
         self.level = level
         self.mode = mode
-        self.include = _patterns(include)
-        self.exclude = _patterns(exclude) or ()
-        self.steps = None if steps is None else frozenset(steps)
+        self.include = include
+        self.exclude = exclude
+        self.steps = steps
         self.step_index = 0
         self._busy = False
         self._stack: list[tuple[str, str]] = []  # (record name, module path) of open module calls
@@ -427,6 +418,18 @@ def capture(
     steps to record (see :meth:`Capture.step`), all by default. Each rank writes
     ``path/rank<r>/``; the dump is complete once the ``with`` block exits.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise PrecisionInputError(f"capture() needs a torch.nn.Module, got {type(model).__name__}")
+    if level not in ("module", "op", "mix"):
+        raise PrecisionInputError(f"level must be 'module', 'op' or 'mix', got {level!r}")
+    if mode not in ("tensor", "statistics"):
+        raise PrecisionInputError(f"mode must be 'tensor' or 'statistics', got {mode!r}")
     return Capture(
-        model, path, level=level, mode=mode, include=include, exclude=exclude, steps=steps
+        model,
+        Path(path),
+        level,
+        mode,
+        _patterns(include),
+        _patterns(exclude) or (),
+        None if steps is None else frozenset(steps),
     )

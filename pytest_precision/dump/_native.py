@@ -107,16 +107,22 @@ def decode_value(value: Any) -> Any:
     raise ValueError(f"unknown tag {tag!r}")
 
 
+_STATS_FIELDS = tuple(TensorStats.__dataclass_fields__)
+
+
 def encode_stats(stats: TensorStats) -> dict[str, Any]:
-    return {key: encode_value(item) for key, item in stats.to_dict().items()}
+    return {key: encode_value(getattr(stats, key)) for key in _STATS_FIELDS}
 
 
 def decode_stats(data: dict[str, Any]) -> TensorStats:
     return TensorStats.from_dict({key: decode_value(item) for key, item in data.items()})
 
 
+_LINE_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
 def dumps_line(data: dict[str, Any]) -> str:
-    return json.dumps(data, allow_nan=False, separators=(",", ":")) + "\n"
+    return _LINE_ENCODER.encode(data) + "\n"
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -219,9 +219,10 @@ class _InPlace(torch.nn.Module):
         return y.mul(3)
 
 
-def test_in_place_ops_record_inputs_before_the_call(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inference", [False, True], ids=["grad-mode", "inference-mode"])
+def test_in_place_ops_record_inputs_before_the_call(tmp_path: Path, inference: bool) -> None:
     x = torch.arange(4.0)
-    with capture(_InPlace(), tmp_path, level="op") as cap:
+    with torch.inference_mode(inference), capture(_InPlace(), tmp_path, level="op") as cap:
         x.add(0)  # outside the model's forward: not recorded
         cap.model(x)
     dump = read_native_dump(tmp_path)
@@ -231,6 +232,23 @@ def test_in_place_ops_record_inputs_before_the_call(tmp_path: Path) -> None:
     # The output of add_ is the same object as mul's input, but changed: not deduplicated.
     assert torch.equal(by_key["Tensor.mul.1.forward.input.0"], x * 2 + 1)
     assert "Tensor.add.0.forward.input.0" not in by_key
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_capture_under_inference_mode(tmp_path: Path, level: str) -> None:
+    model = build_tiny_llama(CONFIG)
+    ids = example_input_ids(CONFIG, seq=6)
+    with torch.inference_mode():
+        plain = model(ids)
+        with capture(model, tmp_path, level=level):  # type: ignore[arg-type]
+            captured = model(ids)
+    assert _bitwise_equal(captured, plain)
+    dump = read_native_dump(tmp_path)
+    logits = [r for r in dump if r.slot == "output.0"][-1]
+    assert _bitwise_equal(logits.load(), plain)
+    for record in dump:
+        if record.is_tensor:
+            assert repr(record.stats) == repr(tensor_stats(record.load())), record.key
 
 
 class _Nested(torch.nn.Module):

@@ -89,6 +89,23 @@ def _op_kind_and_name(func: Any) -> tuple[str, str, bool]:
     return _classify_cached(func) if isinstance(func, Hashable) else _classify(func)
 
 
+_IN_PLACE_OPERATORS = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow")
+_IN_PLACE_BITWISE = ("and", "or", "xor", "lshift", "rshift")
+_IN_PLACE_DUNDERS = frozenset(
+    f"__i{name}__" for name in _IN_PLACE_OPERATORS + _IN_PLACE_BITWISE
+) | {"__setitem__"}
+
+
+def _mutates(op: str, kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call may write to its arguments: ``add_``, ``x += y``, ``x[i] = y``, ``out=``."""
+    return (
+        (op.endswith("_") and not op.endswith("__"))
+        or op in _IN_PLACE_DUNDERS
+        or kwargs.get("out") is not None
+        or kwargs.get("inplace") is True
+    )
+
+
 # -- walking values --------------------------------------------------------------------------------
 
 
@@ -145,20 +162,23 @@ class _OpMode(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         capture = self.capture
-        if capture._busy or not capture._stack or not capture._recording:
-            return func(*args, **kwargs)  # our own work, or a call outside the model's forward
+        if capture._busy:  # our own work
+            return func(*args, **kwargs)
         kind, op, is_property = _op_kind_and_name(func)
-        if is_property or op in _METADATA:
-            output = func(*args, **kwargs)
-            if not _has_tensor(output):
-                return output
-            call = capture._op_call(kind, op)
-            capture._record_inputs(call, args, kwargs)
-        else:
+        recording = bool(capture._stack) and capture._recording  # inside the model's forward
+        metadata = is_property or op in _METADATA
+        call = None
+        if recording and not metadata:
             call = capture._op_call(kind, op)
             capture._record_inputs(call, args, kwargs)  # before the call: in-place ops
-            output = func(*args, **kwargs)
-        capture._record_outputs(call, output)
+        output = func(*args, **kwargs)
+        if _mutates(op, kwargs):
+            capture._forget(args, kwargs)
+        if recording and metadata and _has_tensor(output):  # a property such as .T
+            call = capture._op_call(kind, op)
+            capture._record_inputs(call, args, kwargs)
+        if call is not None:
+            capture._record_outputs(call, output)
         return output
 
 
@@ -356,8 +376,9 @@ class Capture:
             entry.update(stats=None, data=None)  # no dense data to summarize or store
             self._writer.add(entry)
             return
+        version = self._version(t)
         seen = self._seen.get(id(t))
-        if seen is not None and seen[0]() is t and seen[1] == t._version:
+        if version is not None and seen is not None and seen[0]() is t and seen[1] == version:
             self._writer.add(entry, alias=seen[2])  # the same tensor, unchanged: share its data
             return
         key = str(next(self._keys))
@@ -365,16 +386,33 @@ class Capture:
             self._writer.add(entry, key=key, tensor=_private_copy(t))
         else:
             self._writer.add(entry, key=key, stats=tensor_stats(t))
-        self._remember(t, key)
+        if version is not None:
+            self._remember(t, version, key)
 
-    def _remember(self, t: torch.Tensor, key: str) -> None:
+    def _version(self, t: torch.Tensor) -> int | None:
+        """What tells whether ``t`` changed since it was recorded; ``None``: nothing does.
+
+        Inference tensors have no version counter; the op mode then forgets a tensor whenever
+        a call looks like it writes to it (:func:`_mutates`), and without the op mode such a
+        tensor is never shared between records.
+        """
+        if not t.is_inference():
+            return t._version
+        return -1 if self._mode is not None else None
+
+    def _remember(self, t: torch.Tensor, version: int, key: str) -> None:
         ident = id(t)
 
         def forget(_: object) -> None:
             if self._seen.get(ident, (None, 0, ""))[2] == key:
                 del self._seen[ident]
 
-        self._seen[ident] = (weakref.ref(t, forget), t._version, key)
+        self._seen[ident] = (weakref.ref(t, forget), version, key)
+
+    def _forget(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        for _, value in itertools.chain(_leaves("", args), _leaves("", kwargs)):
+            if isinstance(value, torch.Tensor):
+                self._seen.pop(id(value), None)
 
 
 def _patterns(patterns: Iterable[str] | str | None) -> tuple[str, ...] | None:

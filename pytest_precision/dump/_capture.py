@@ -23,9 +23,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError
-from .._metrics import tensor_stats
 from ._native import dtype_name, encode_value
-from ._writer import DumpWriter
+from ._writer import DumpWriter, summarize
 
 Level = Literal["module", "op", "mix"]
 Mode = Literal["tensor", "statistics"]
@@ -139,7 +138,7 @@ def _output_slots(output: Any) -> Iterator[tuple[str, Any]]:
 
 def _private_copy(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU copy that later in-place ops cannot change."""
-    t = t.detach()
+    t = t.detach().resolve_conj().resolve_neg()
     if t.device.type == "cpu":
         return t.clone(memory_format=torch.contiguous_format)
     return t.to("cpu").contiguous()
@@ -372,7 +371,7 @@ class Capture:
         entry["dtype"] = dtype_name(t.dtype)
         entry["shape"] = list(t.shape)
         entry["value"] = None
-        if t.layout != torch.strided or t.device.type == "meta":
+        if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
             entry.update(stats=None, data=None)  # no dense data to summarize or store
             self._writer.add(entry)
             return
@@ -385,7 +384,7 @@ class Capture:
         if self.mode == "tensor":
             self._writer.add(entry, key=key, tensor=_private_copy(t))
         else:
-            self._writer.add(entry, key=key, stats=tensor_stats(t))
+            self._writer.add(entry, key=key, stats=summarize(t))
         if version is not None:
             self._remember(t, version, key)
 

@@ -9,6 +9,7 @@ with ``complete: true``) last and atomically: a dump cut short never looks compl
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load, save, save_file
 
 from .._errors import PrecisionError
 from .._metrics import TensorStats, tensor_stats
@@ -41,13 +42,34 @@ SHARD_BYTES = 32 << 20
 PENDING_BYTES = 96 << 20
 
 
+@functools.cache
 def _safetensors_can_store(dtype: torch.dtype) -> bool:
+    """Whether safetensors round-trips ``dtype`` exactly (not complex128, not packed float4)."""
+    probe = torch.arange(16, dtype=torch.uint8).view(dtype)  # 16 bytes: at least one element
     try:
-        from safetensors.torch import _SIZE  # the dtype table of the installed safetensors
+        back = load(save({"probe": probe}))["probe"]
+    except Exception:  # safetensors raises assorted error types for dtypes it lacks
+        return False
+    return (
+        back.dtype == dtype
+        and back.shape == probe.shape
+        and torch.equal(back.view(torch.uint8), probe.view(torch.uint8))
+    )
 
-        return dtype in _SIZE
-    except ImportError:  # pragma: no cover - older or newer safetensors layout
-        return dtype in {torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8}
+
+@functools.cache
+def _summarizable(dtype: torch.dtype) -> bool:
+    """Whether torch can compute statistics of ``dtype`` (not of packed float4 or bits types)."""
+    try:
+        tensor_stats(torch.zeros(16, dtype=torch.uint8).view(dtype))
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
+
+
+def summarize(t: torch.Tensor) -> TensorStats | None:
+    """Statistics of ``t``, or ``None`` for the few dtypes torch cannot reduce."""
+    return tensor_stats(t) if _summarizable(t.dtype) else None
 
 
 @dataclass
@@ -208,7 +230,7 @@ class DumpWriter:
             stats = item.stats
             shard = None
             if item.tensor is not None:
-                stats = stats or tensor_stats(item.tensor)
+                stats = stats or summarize(item.tensor)
                 shard = self._store(item.key, item.tensor)
             entry["stats"] = None if stats is None else encode_stats(stats)
             self._locations[item.key] = (shard, entry["stats"])

@@ -277,3 +277,29 @@ def test_writer_refuses_a_folder_holding_a_dump(dump: Path) -> None:
 
     with pytest.raises(PrecisionError, match="already holds a dump"):
         DumpWriter(dump, rank=0, world_size=1, info={}).start()
+
+
+def test_a_failing_writer_thread_is_reported_not_hung(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_precision import PrecisionError
+    from pytest_precision.dump import _writer
+
+    def disk_full(tensors: object, path: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_writer, "save_file", disk_full)
+    writer = DumpWriter(
+        tmp_path, rank=0, world_size=1, info={}, shard_bytes=1024, pending_bytes=2048
+    )
+    writer.start()
+
+    def fill() -> None:
+        for key in range(100):  # blocks on the memory budget until the thread's error surfaces
+            writer.add(_entry("x", f"output.{key}"), key=str(key), tensor=torch.zeros(256))
+        writer.close()
+
+    with pytest.raises(PrecisionError, match=r"writing the dump failed: .*No space left"):
+        fill()
+    with pytest.raises(DumpFormatError, match="incomplete"):
+        read_native_dump(tmp_path)

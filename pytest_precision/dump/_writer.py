@@ -145,8 +145,9 @@ class DumpWriter:
         stats: TensorStats | None = None,
         alias: str | None = None,
     ) -> None:
-        """Queue one record: ``tensor`` is a private CPU copy to store under ``key``; ``stats``
-        given means statistics mode; ``alias`` reuses the data and statistics of an earlier key."""
+        """Queue one record: ``tensor`` is a private CPU copy to store under ``key``, ``stats``
+        its statistics if already known; ``alias`` reuses the data and statistics of an earlier
+        key; a record with neither ``key`` nor ``alias`` is a JSON value."""
         self._raise_if_failed()
         self.steps.add(entry["step"])
         if self._thread is None:  # written in the caller's thread
@@ -157,8 +158,8 @@ class DumpWriter:
             with self._pending_lock:
                 # A tensor larger than the whole budget still goes through, alone.
                 while self._pending and self._pending + nbytes > self.pending_limit:
+                    self._raise_if_failed()  # a dead writer thread would never free memory
                     self._pending_lock.wait()
-                    self._raise_if_failed()
                 self._pending += nbytes
         self._queue.put(_Item(entry, key, tensor, stats, alias, nbytes))
 

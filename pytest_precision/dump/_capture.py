@@ -233,7 +233,6 @@ class Capture:
             self.path, rank=rank, world_size=world_size, info=info, background=self.mode == "tensor"
         )
         self._writer.start()
-        self.rank = rank
         names: dict[int, str] = {}
         for path, module in self.model.named_modules(remove_duplicate=False):
             names.setdefault(id(module), path)

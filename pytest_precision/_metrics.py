@@ -7,7 +7,7 @@ every computation runs on the device where the tensor lives.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,4 +92,447 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         posinf_count=posinf,
         neginf_count=neginf,
         numel=numel,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Error metrics of one tensor against another
+# --------------------------------------------------------------------------------------------
+
+#: (precision in bits including the implicit one, minimum normal exponent) per float dtype.
+FLOAT_FORMATS: dict[torch.dtype, tuple[int, int]] = {
+    torch.float64: (53, -1022),
+    torch.float32: (24, -126),
+    torch.float16: (11, -14),
+    torch.bfloat16: (8, -126),
+}
+for _name, _fmt in {
+    "float8_e4m3fn": (4, -6),
+    "float8_e4m3fnuz": (4, -7),
+    "float8_e5m2": (3, -14),
+    "float8_e5m2fnuz": (3, -15),
+}.items():
+    if hasattr(torch, _name):
+        FLOAT_FORMATS[getattr(torch, _name)] = _fmt
+
+#: Relative-error thresholds behind ``thousandth_ratio`` and ``five_thousandth_ratio``.
+THOUSANDTH = 1e-3
+FIVE_THOUSANDTH = 5e-3
+
+#: Upper edges of the relative-error histogram buckets (by decade); a last bucket holds the rest.
+HISTOGRAM_EDGES: tuple[float, ...] = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+
+def precision_bits(dtype: torch.dtype) -> int:
+    """Significand bits (with the implicit bit) of a float dtype; 53 for integers and bools."""
+    return FLOAT_FORMATS.get(dtype, FLOAT_FORMATS[torch.float64])[0]
+
+
+def lower_precision(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """The dtype with fewer significand bits (the one whose rounding dominates)."""
+    return a if precision_bits(a) <= precision_bits(b) else b
+
+
+@dataclass
+class ChunkErrors:
+    """Float64 per-element errors of one chunk, as seen by a standard's elementwise rule.
+
+    Elements where either side is non-finite are zeroed in every field (they are judged
+    separately), so rules only see finite values.
+    """
+
+    abs_err: torch.Tensor
+    expected_abs: torch.Tensor
+    rel_err: torch.Tensor
+    ulp_err: torch.Tensor
+    actual: torch.Tensor
+    expected: torch.Tensor
+    raw_actual: torch.Tensor
+    raw_expected: torch.Tensor
+
+
+class ElementRule:
+    """Per-element classification supplied by a standard.
+
+    ``masks`` returns boolean masks of the chunk; the first marks mismatches (elements outside
+    the tolerance), any further ones are counters the standard interprets (tiers, guards).
+    """
+
+    def masks(self, errors: ChunkErrors) -> Sequence[torch.Tensor]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """Counts of non-finite elements in one tensor."""
+
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.nan + self.posinf + self.neginf
+
+
+@dataclass(frozen=True)
+class ErrorMetrics:
+    """Error metrics of ``actual`` against ``expected``, all computed in float64.
+
+    Relative error is ``|actual - expected| / |expected|``; where expected is exactly 0 it is
+    0 if actual is 0 too, else ``inf`` (standards that must tolerate tiny expected values apply
+    their own small-value rule). ULP errors are in units of last place of ``dtype`` (the lower
+    precision of the two inputs) at the expected value. Elements non-finite on either side are
+    left out of every numeric metric; they count as mismatches unless both sides hold the same
+    value (NaN and NaN, or the same infinity). Cosine is 1 when both sides are all zero and 0
+    when only one is. Indices are in the tensors' own shape.
+    """
+
+    shape: tuple[int, ...]
+    numel: int
+    finite_count: int
+    actual_dtype: torch.dtype
+    expected_dtype: torch.dtype
+    dtype: torch.dtype
+    cosine: float
+    max_abs_err: float
+    max_abs_index: tuple[int, ...] | None
+    max_rel_err: float
+    max_rel_index: tuple[int, ...] | None
+    mean_abs_err: float
+    mean_rel_err: float
+    rmse: float
+    sqnr_db: float
+    thousandth_ratio: float
+    five_thousandth_ratio: float
+    max_ulp: float
+    mean_ulp: float
+    expected_rms: float
+    actual_nonfinite: NonFinite
+    expected_nonfinite: NonFinite
+    nonfinite_mismatch_count: int
+    mismatch_count: int
+    rule_counts: tuple[int, ...]
+
+    @property
+    def nonfinite_positions_agree(self) -> bool:
+        return self.nonfinite_mismatch_count == 0
+
+    @property
+    def mismatch_ratio(self) -> float:
+        return self.mismatch_count / self.numel if self.numel else 0.0
+
+
+_EXPONENT_BITS = 0x7FF << 52
+
+
+class _ChunkPass:
+    """Float64 work buffers and the per-chunk error computation shared by every pass."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device, chunk_numel: int) -> None:
+        bits, emin = FLOAT_FORMATS.get(dtype, FLOAT_FORMATS[torch.float64])
+        # The ULP of x in ``dtype`` is 2 ** (exponent(x) - bits + 1), floored at the spacing of
+        # the subnormal range; as float64 bit patterns that is a shift of the exponent field.
+        # (Float64 ULPs are floored at 2 ** -1022, the smallest normal float64.)
+        self._ulp_offset = (bits - 1) << 52
+        self._min_ulp_bits = max(emin + 1023 - (bits - 1), 1) << 52
+        f64 = {"dtype": torch.float64, "device": device}
+        self._buffers = [torch.empty(chunk_numel, **f64) for _ in range(5)]
+        self._ulp_bits = torch.empty(chunk_numel, dtype=torch.int64, device=device)
+
+    def errors(self, a: torch.Tensor, e: torch.Tensor, finite: torch.Tensor | None) -> ChunkErrors:
+        """Errors of one chunk; ``finite`` (if given) masks the elements finite on both sides."""
+        n = a.numel()
+        a64, e64, diff, e_abs, rel = (buf[:n] for buf in self._buffers)
+        ulp_bits = self._ulp_bits[:n]
+        a64.copy_(a)
+        e64.copy_(e)
+        if finite is not None:
+            a64.masked_fill_(~finite, 0.0)
+            e64.masked_fill_(~finite, 0.0)
+        torch.sub(a64, e64, out=diff).abs_()
+        torch.abs(e64, out=e_abs)
+        torch.div(diff, e_abs, out=rel).nan_to_num_(nan=0.0, posinf=math.inf)
+        torch.bitwise_and(e_abs.view(torch.int64), _EXPONENT_BITS, out=ulp_bits)
+        ulp_bits.sub_(self._ulp_offset).clamp_(min=self._min_ulp_bits)
+        ulp = ulp_bits.view(torch.float64)
+        torch.div(diff, ulp, out=ulp)
+        return ChunkErrors(diff, e_abs, rel, ulp, a64, e64, a, e)
+
+
+def _chunk_sums(err: ChunkErrors) -> torch.Tensor:
+    """ae, aa, ee, dd, sum |d|, sum rel, sum ulp of one chunk."""
+    return torch.stack(
+        [
+            torch.dot(err.actual, err.expected),
+            torch.dot(err.actual, err.actual),
+            torch.dot(err.expected, err.expected),
+            torch.dot(err.abs_err, err.abs_err),
+            err.abs_err.sum(),
+            err.rel_err.sum(),
+            err.ulp_err.sum(),
+        ]
+    )
+
+
+def _count(mask: torch.Tensor) -> torch.Tensor:
+    return mask.sum(dtype=torch.int64)
+
+
+def _nonfinite_counts(t: torch.Tensor) -> list[torch.Tensor]:
+    return [_count(torch.isnan(t)), _count(t == math.inf), _count(t == -math.inf)]
+
+
+def measure(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    rule: ElementRule | None = None,
+    *,
+    chunk_numel: int | None = None,
+) -> ErrorMetrics:
+    """Compute :class:`ErrorMetrics` of two same-shape float tensors on the same device.
+
+    One streaming pass over flat chunks accumulates sums, maxima and counts as float64 device
+    scalars (no host sync per chunk on accelerators beyond the finiteness check); a second look
+    at the single chunk holding each maximum recovers its index.
+    """
+    dtype = lower_precision(actual.dtype, expected.dtype)
+    device = actual.device
+    if chunk_numel is None:
+        chunk_numel = CHUNK_NUMEL if device.type == "cpu" else 1 << 22
+    numel = actual.numel()
+    work = _ChunkPass(dtype, device, min(chunk_numel, max(numel, 1)))
+    sums = torch.zeros(7, dtype=torch.float64, device=device)  # ae aa ee dd |d| rel ulp
+    counts = torch.zeros(3, dtype=torch.int64, device=device)  # >1e-3, >5e-3, union non-finite
+    nonfinite = torch.zeros(7, dtype=torch.int64, device=device)  # a: nan +inf -inf, e: ..., mism
+    rule_counts: torch.Tensor | None = None
+    chunk_maxima: list[torch.Tensor] = []  # per chunk: max |d|, max rel, max ulp
+
+    pairs = zip(
+        iter_flat_chunks(actual.detach(), chunk_numel),
+        iter_flat_chunks(expected.detach(), chunk_numel),
+        strict=True,
+    )
+    for a, e in pairs:
+        err = work.errors(a, e, None)
+        partial = _chunk_sums(err)
+        if not bool(torch.isfinite(partial[1] + partial[2])):
+            # Rare path: non-finite input (or float64 overflow); redo the chunk masked.
+            finite = torch.isfinite(a) & torch.isfinite(e)
+            not_finite = ~finite
+            same = (a == e) | (torch.isnan(a) & torch.isnan(e))
+            nonfinite += torch.stack(
+                [*_nonfinite_counts(a), *_nonfinite_counts(e), _count(not_finite & ~same)]
+            )
+            counts[2] += _count(not_finite)
+            err = work.errors(a, e, finite)
+            partial = _chunk_sums(err)
+        sums += partial
+        counts[0] += _count(err.rel_err > THOUSANDTH)
+        counts[1] += _count(err.rel_err > FIVE_THOUSANDTH)
+        chunk_maxima.append(
+            torch.stack([err.abs_err.amax(), err.rel_err.amax(), err.ulp_err.amax()])
+        )
+        if rule is not None:
+            found = torch.stack([_count(m) for m in rule.masks(err)])
+            rule_counts = found if rule_counts is None else rule_counts + found
+
+    s = sums.tolist()
+    over_thousandth, over_five_thousandth, nonfinite_union = counts.tolist()
+    nf = nonfinite.tolist()
+    finite_count = numel - nonfinite_union
+    rules = tuple(rule_counts.tolist()) if rule_counts is not None else ()
+    maxima = torch.stack(chunk_maxima) if chunk_maxima else None
+    max_abs, abs_index = _max_and_index(maxima, 0, actual, expected, work, chunk_numel)
+    max_rel, rel_index = _max_and_index(maxima, 1, actual, expected, work, chunk_numel)
+    max_ulp = float(maxima[:, 2].max()) if maxima is not None else 0.0
+    per_element = max(finite_count, 1)
+    mismatches = (rules[0] if rules else 0) + nf[6]
+    return ErrorMetrics(
+        shape=tuple(actual.shape),
+        numel=numel,
+        finite_count=finite_count,
+        actual_dtype=actual.dtype,
+        expected_dtype=expected.dtype,
+        dtype=dtype,
+        cosine=_cosine(s[0], s[1], s[2]),
+        max_abs_err=max_abs,
+        max_abs_index=abs_index,
+        max_rel_err=max_rel,
+        max_rel_index=rel_index,
+        mean_abs_err=s[4] / per_element,
+        mean_rel_err=s[5] / per_element,
+        rmse=math.sqrt(s[3] / per_element),
+        sqnr_db=_sqnr_db(s[2], s[3]),
+        thousandth_ratio=1.0 - over_thousandth / per_element if finite_count else 1.0,
+        five_thousandth_ratio=1.0 - over_five_thousandth / per_element if finite_count else 1.0,
+        max_ulp=max_ulp,
+        mean_ulp=s[6] / per_element,
+        expected_rms=math.sqrt(s[2] / per_element),
+        actual_nonfinite=NonFinite(*nf[0:3]),
+        expected_nonfinite=NonFinite(*nf[3:6]),
+        nonfinite_mismatch_count=nf[6],
+        mismatch_count=mismatches,
+        rule_counts=rules,
+    )
+
+
+def _max_and_index(
+    maxima: torch.Tensor | None,
+    column: int,
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    work: _ChunkPass,
+    chunk_numel: int,
+) -> tuple[float, tuple[int, ...] | None]:
+    """The maximum of one per-element error and the first index where it occurs."""
+    if maxima is None:
+        return 0.0, None
+    values = maxima[:, column]
+    best = float(values.max())
+    chunk = int(torch.nonzero(values == best)[0, 0])
+    start = chunk * chunk_numel
+    a = actual.detach().reshape(-1)[start : start + chunk_numel]
+    e = expected.detach().reshape(-1)[start : start + chunk_numel]
+    finite = torch.isfinite(a) & torch.isfinite(e)
+    err = work.errors(a, e, None if bool(finite.all()) else finite)
+    per_element = (err.abs_err, err.rel_err)[column]
+    offset = int(torch.nonzero(per_element == best)[0, 0])
+    return best, _unravel(start + offset, tuple(actual.shape))
+
+
+def _cosine(ae: float, aa: float, ee: float) -> float:
+    if aa == 0.0 or ee == 0.0:
+        return 1.0 if aa == ee else 0.0
+    return max(-1.0, min(1.0, ae / (math.sqrt(aa) * math.sqrt(ee))))
+
+
+def _sqnr_db(signal: float, noise: float) -> float:
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def _ravel(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    flat = 0
+    for i, size in zip(index, shape, strict=True):
+        flat = flat * size + i
+    return flat
+
+
+def _unravel(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        flat_index, rem = divmod(flat_index, size)
+        index.append(rem)
+    return tuple(reversed(index))
+
+
+# --------------------------------------------------------------------------------------------
+# Failure details: a second pass, run only when a report is needed
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Element:
+    """One element of a comparison, for reports."""
+
+    index: tuple[int, ...]
+    actual: float
+    expected: float
+    abs_err: float
+    rel_err: float
+
+
+@dataclass(frozen=True)
+class ErrorDetails:
+    """What a failure report shows beyond the metrics.
+
+    ``histogram`` counts elements per relative-error bucket: exactly 0, then up to each of
+    ``HISTOGRAM_EDGES[1:]``, then above the last edge (including inf). ``required_atol`` is the
+    smallest atol that passes every element at the given rtol; ``required_rtol`` the smallest
+    rtol at the given atol (inf when an element with expected 0 exceeds atol).
+    """
+
+    first_mismatches: tuple[Element, ...]
+    worst: tuple[Element, ...]
+    requested: tuple[Element, ...]
+    histogram: tuple[int, ...]
+    required_atol: float
+    required_rtol: float
+
+
+def error_details(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    rule: ElementRule,
+    *,
+    rtol: float,
+    atol: float,
+    k: int = 5,
+    indices: Sequence[tuple[int, ...]] = (),
+    chunk_numel: int | None = None,
+) -> ErrorDetails:
+    """Locate the first ``k`` mismatches and the ``k`` largest absolute errors, bucket the
+    relative errors by decade and find the tolerances that would have passed. The elements at
+    ``indices`` (say, those of the greatest errors) are returned in ``requested``."""
+    dtype = lower_precision(actual.dtype, expected.dtype)
+    device = actual.device
+    if chunk_numel is None:
+        chunk_numel = CHUNK_NUMEL if device.type == "cpu" else 1 << 22
+    work = _ChunkPass(dtype, device, min(chunk_numel, max(actual.numel(), 1)))
+    edges = torch.tensor(HISTOGRAM_EDGES, dtype=torch.float64, device=device)
+    histogram = torch.zeros(len(HISTOGRAM_EDGES) + 1, dtype=torch.int64, device=device)
+    first: list[int] = []
+    worst_values = torch.empty(0, dtype=torch.float64, device=device)
+    worst_index = torch.empty(0, dtype=torch.int64, device=device)
+    need_atol = torch.zeros((), dtype=torch.float64, device=device)
+    need_rtol = torch.zeros((), dtype=torch.float64, device=device)
+    flat_a = actual.detach().reshape(-1)
+    flat_e = expected.detach().reshape(-1)
+    for start in range(0, flat_a.numel(), chunk_numel):
+        a = flat_a[start : start + chunk_numel]
+        e = flat_e[start : start + chunk_numel]
+        finite = torch.isfinite(a) & torch.isfinite(e)
+        all_finite = bool(finite.all())
+        err = work.errors(a, e, None if all_finite else finite)
+        mismatch = rule.masks(err)[0]
+        if not all_finite:
+            same = (a == e) | (torch.isnan(a) & torch.isnan(e))
+            mismatch = mismatch | (~finite & ~same)
+        if len(first) < k:
+            found = torch.nonzero(mismatch)[: k - len(first), 0]
+            first.extend(start + i for i in found.tolist())
+        top = torch.topk(err.abs_err, min(k, a.numel()))
+        worst_values = torch.cat([worst_values, top.values])
+        worst_index = torch.cat([worst_index, top.indices + start])
+        keep = torch.topk(worst_values, min(k, worst_values.numel()))
+        worst_values, worst_index = keep.values, worst_index[keep.indices]
+        histogram += torch.bincount(
+            torch.bucketize(err.rel_err, edges), minlength=histogram.numel()
+        )
+        need_atol = torch.maximum(need_atol, (err.abs_err - rtol * err.expected_abs).amax())
+        need_rtol = torch.maximum(
+            need_rtol,
+            ((err.abs_err - atol).clamp_(min=0) / err.expected_abs)
+            .nan_to_num_(nan=0.0, posinf=math.inf)
+            .amax(),
+        )
+    shape = tuple(actual.shape)
+
+    def element(flat: int) -> Element:
+        a, e = float(flat_a[flat]), float(flat_e[flat])
+        d = abs(a - e) if math.isfinite(a) and math.isfinite(e) else math.nan
+        rel = d / abs(e) if e else (0.0 if d == 0 else math.inf)
+        return Element(_unravel(flat, shape), a, e, d, rel)
+
+    return ErrorDetails(
+        first_mismatches=tuple(element(i) for i in first),
+        worst=tuple(element(i) for i in worst_index.tolist()),
+        requested=tuple(element(_ravel(i, shape)) for i in indices),
+        histogram=tuple(histogram.tolist()),
+        required_atol=max(float(need_atol), 0.0),
+        required_rtol=float(need_rtol),
     )

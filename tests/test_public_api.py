@@ -8,13 +8,28 @@ import types
 import pytest_precision
 
 EXPECTED = {
+    "AllClose",
+    "Comparison",
     "Dump",
     "DumpFormatError",
+    "Exact",
     "PrecisionError",
     "PrecisionInputError",
+    "PrecisionWarning",
+    "Ratio",
+    "RatioTier",
     "Record",
+    "Reference",
+    "ReferenceLimit",
+    "Standard",
+    "TensorComparison",
     "TensorStats",
+    "Ulp",
+    "UlpLimit",
     "__version__",
+    "assert_close",
+    "compare_tensors",
+    "default_standard",
     "tensor_stats",
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -20,6 +20,7 @@ from ._metrics import (
     ChunkErrors,
     ElementRule,
     ErrorMetrics,
+    NonFinite,
     lower_precision,
     measure,
 )
@@ -415,6 +416,26 @@ class TensorComparison(ErrorMetrics):
     def passed(self) -> bool:
         """True unless the verdict is ``fail`` (a ``warn`` passes, loudly)."""
         return self.verdict != "fail"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary: verdict, standard, dtypes and every scalar metric."""
+        out: dict[str, Any] = {
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "standard": self.standard.name,
+        }
+        for f in fields(ErrorMetrics):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.dtype):
+                value = str(value).removeprefix("torch.")
+            elif isinstance(value, NonFinite):
+                value = {"nan": value.nan, "posinf": value.posinf, "neginf": value.neginf}
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, float) and not math.isfinite(value):
+                value = str(value)  # JSON has no inf / nan
+            out[f.name] = value
+        return out
 
 
 def default_standard(dtype: torch.dtype) -> Standard:

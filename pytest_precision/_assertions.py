@@ -29,13 +29,15 @@ def to_tensor(value: Any, where: str = "value") -> torch.Tensor:
         return value
     if isinstance(value, (np.ndarray, np.generic)):
         array = np.asarray(value)
+        if not array.flags.c_contiguous:  # also covers negative strides, which torch refuses
+            array = np.ascontiguousarray(array)
         if array.dtype.name == "bfloat16":  # ml_dtypes: same bits as torch.bfloat16
-            return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         if array.dtype.kind not in "biuf":
             raise PrecisionInputError(
                 f"{where}: numpy dtype {array.dtype} cannot be compared numerically"
             )
-        return torch.from_numpy(np.ascontiguousarray(array))
+        return torch.from_numpy(array)
     if isinstance(value, bool):
         return torch.tensor(value)
     if isinstance(value, numbers.Integral):
@@ -85,6 +87,12 @@ def iter_leaf_pairs(actual: Any, expected: Any, path: str = "") -> Iterator[tupl
         yield path, actual, expected
         return
     a_children, e_children = _children(actual), _children(expected)
+    for value, side in ((actual, "actual"), (expected, "expected")):
+        if value is not None and not _is_leaf(value) and _children(value) is None:
+            raise PrecisionInputError(
+                f"{where}: cannot compare a value of type {type(value).__name__} ({side}); "
+                "expected a tensor, numpy array, number, or a tuple/list/dict/dataclass of them"
+            )
     if a_children is None or e_children is None:
         raise PrecisionInputError(
             f"{where}: structure mismatch: actual is {_describe(actual)}, "

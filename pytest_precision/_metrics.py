@@ -137,6 +137,8 @@ def lower_precision(a: torch.dtype, b: torch.dtype) -> torch.dtype:
 class ChunkErrors:
     """Float64 per-element errors of one chunk, as seen by a standard's elementwise rule.
 
+    ``scratch`` is a float64 work buffer of the chunk's size that rules may overwrite.
+
     Elements where either side is non-finite are zeroed in every field (they are judged
     separately), so rules only see finite values.
     """
@@ -149,16 +151,23 @@ class ChunkErrors:
     expected: torch.Tensor
     raw_actual: torch.Tensor
     raw_expected: torch.Tensor
+    scratch: torch.Tensor
+
+
+#: A per-element quantity and the limit above which an element counts.
+Exceedance = tuple[torch.Tensor, float]
 
 
 class ElementRule:
     """Per-element classification supplied by a standard.
 
-    ``masks`` returns boolean masks of the chunk; the first marks mismatches (elements outside
-    the tolerance), any further ones are counters the standard interprets (tiers, guards).
+    ``exceedances`` returns (values, limit) pairs for a chunk; an element counts where its value
+    is above the limit. The first pair marks mismatches (elements outside the tolerance); any
+    further pairs are counters the standard interprets (tiers, guards). Values may live in
+    ``errors.scratch`` only for the last pair that uses it.
     """
 
-    def masks(self, errors: ChunkErrors) -> Sequence[torch.Tensor]:
+    def exceedances(self, errors: ChunkErrors) -> Sequence[Exceedance]:
         raise NotImplementedError
 
 
@@ -237,13 +246,13 @@ class _ChunkPass:
         self._ulp_offset = (bits - 1) << 52
         self._min_ulp_bits = max(emin + 1023 - (bits - 1), 1) << 52
         f64 = {"dtype": torch.float64, "device": device}
-        self._buffers = [torch.empty(chunk_numel, **f64) for _ in range(5)]
+        self._buffers = [torch.empty(chunk_numel, **f64) for _ in range(6)]
         self._ulp_bits = torch.empty(chunk_numel, dtype=torch.int64, device=device)
 
     def errors(self, a: torch.Tensor, e: torch.Tensor, finite: torch.Tensor | None) -> ChunkErrors:
         """Errors of one chunk; ``finite`` (if given) masks the elements finite on both sides."""
         n = a.numel()
-        a64, e64, diff, e_abs, rel = (buf[:n] for buf in self._buffers)
+        a64, e64, diff, e_abs, rel, scratch = (buf[:n] for buf in self._buffers)
         ulp_bits = self._ulp_bits[:n]
         a64.copy_(a)
         e64.copy_(e)
@@ -257,7 +266,7 @@ class _ChunkPass:
         ulp_bits.sub_(self._ulp_offset).clamp_(min=self._min_ulp_bits)
         ulp = ulp_bits.view(torch.float64)
         torch.div(diff, ulp, out=ulp)
-        return ChunkErrors(diff, e_abs, rel, ulp, a64, e64, a, e)
+        return ChunkErrors(diff, e_abs, rel, ulp, a64, e64, a, e, scratch)
 
 
 def _chunk_sums(err: ChunkErrors) -> torch.Tensor:
@@ -276,7 +285,15 @@ def _chunk_sums(err: ChunkErrors) -> torch.Tensor:
 
 
 def _count(mask: torch.Tensor) -> torch.Tensor:
-    return mask.sum(dtype=torch.int64)
+    return mask.sum(dtype=torch.int32)
+
+
+def _count_above(values: torch.Tensor, limit: float) -> torch.Tensor:
+    """Elements above ``limit``; the comparison is skipped when the maximum is not above it
+    (comparisons cost four times a reduction, and close tensors rarely need them)."""
+    if values.numel() == 0 or not bool(values.amax() > limit):
+        return torch.zeros((), dtype=torch.int32, device=values.device)
+    return _count(values > limit)
 
 
 def _nonfinite_counts(t: torch.Tensor) -> list[torch.Tensor]:
@@ -306,14 +323,17 @@ def measure(
     counts = torch.zeros(3, dtype=torch.int64, device=device)  # >1e-3, >5e-3, union non-finite
     nonfinite = torch.zeros(7, dtype=torch.int64, device=device)  # a: nan +inf -inf, e: ..., mism
     rule_counts: torch.Tensor | None = None
-    chunk_maxima: list[torch.Tensor] = []  # per chunk: max |d|, max rel, max ulp
+    # Accumulators are allocated up front: small tensors kept alive between the per-chunk
+    # temporaries would fragment the heap and grow the resident memory chunk after chunk.
+    num_chunks = -(-numel // chunk_numel)
+    maxima = torch.zeros(num_chunks, 3, dtype=torch.float64, device=device)  # |d| rel ulp
 
     pairs = zip(
         iter_flat_chunks(actual.detach(), chunk_numel),
         iter_flat_chunks(expected.detach(), chunk_numel),
         strict=True,
     )
-    for a, e in pairs:
+    for chunk, (a, e) in enumerate(pairs):
         err = work.errors(a, e, None)
         partial = _chunk_sums(err)
         if not bool(torch.isfinite(partial[1] + partial[2])):
@@ -328,24 +348,27 @@ def measure(
             err = work.errors(a, e, finite)
             partial = _chunk_sums(err)
         sums += partial
-        counts[0] += _count(err.rel_err > THOUSANDTH)
-        counts[1] += _count(err.rel_err > FIVE_THOUSANDTH)
-        chunk_maxima.append(
-            torch.stack([err.abs_err.amax(), err.rel_err.amax(), err.ulp_err.amax()])
-        )
+        torch.amax(err.abs_err, dim=0, out=maxima[chunk, 0])
+        torch.amax(err.rel_err, dim=0, out=maxima[chunk, 1])
+        torch.amax(err.ulp_err, dim=0, out=maxima[chunk, 2])
+        if maxima[chunk, 1] > THOUSANDTH:
+            counts[0] += _count(err.rel_err > THOUSANDTH)
+            counts[1] += _count(err.rel_err > FIVE_THOUSANDTH)
         if rule is not None:
-            found = torch.stack([_count(m) for m in rule.masks(err)])
-            rule_counts = found if rule_counts is None else rule_counts + found
+            found = torch.stack([_count_above(v, limit) for v, limit in rule.exceedances(err)])
+            if rule_counts is None:
+                rule_counts = found.to(torch.int64)
+            else:
+                rule_counts += found
 
     s = sums.tolist()
     over_thousandth, over_five_thousandth, nonfinite_union = counts.tolist()
     nf = nonfinite.tolist()
     finite_count = numel - nonfinite_union
     rules = tuple(rule_counts.tolist()) if rule_counts is not None else ()
-    maxima = torch.stack(chunk_maxima) if chunk_maxima else None
     max_abs, abs_index = _max_and_index(maxima, 0, actual, expected, work, chunk_numel)
     max_rel, rel_index = _max_and_index(maxima, 1, actual, expected, work, chunk_numel)
-    max_ulp = float(maxima[:, 2].max()) if maxima is not None else 0.0
+    max_ulp = float(maxima[:, 2].max()) if num_chunks else 0.0
     per_element = max(finite_count, 1)
     mismatches = (rules[0] if rules else 0) + nf[6]
     return ErrorMetrics(
@@ -378,7 +401,7 @@ def measure(
 
 
 def _max_and_index(
-    maxima: torch.Tensor | None,
+    maxima: torch.Tensor,
     column: int,
     actual: torch.Tensor,
     expected: torch.Tensor,
@@ -386,7 +409,7 @@ def _max_and_index(
     chunk_numel: int,
 ) -> tuple[float, tuple[int, ...] | None]:
     """The maximum of one per-element error and the first index where it occurs."""
-    if maxima is None:
+    if not maxima.numel():
         return 0.0, None
     values = maxima[:, column]
     best = float(values.max())
@@ -498,7 +521,8 @@ def error_details(
         finite = torch.isfinite(a) & torch.isfinite(e)
         all_finite = bool(finite.all())
         err = work.errors(a, e, None if all_finite else finite)
-        mismatch = rule.masks(err)[0]
+        values, limit = rule.exceedances(err)[0]
+        mismatch = values > limit
         if not all_finite:
             same = (a == e) | (torch.isnan(a) & torch.isnan(e))
             mismatch = mismatch | (~finite & ~same)

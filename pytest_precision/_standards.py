@@ -20,6 +20,7 @@ from ._metrics import (
     ChunkErrors,
     ElementRule,
     ErrorMetrics,
+    Exceedance,
     NonFinite,
     lower_precision,
     measure,
@@ -113,21 +114,26 @@ class Judgement:
     reason: str
 
 
-class _Masks(ElementRule):
-    def __init__(self, *thresholds: tuple[str, float], small_value: float = 0.0) -> None:
-        self._thresholds = thresholds
+class _Thresholds(ElementRule):
+    """Limits on one of the chunk's error fields, or on the relative error floored at a small
+    value (``|a - e| / max(|e|, small_value)``)."""
+
+    def __init__(self, *limits: tuple[str, float], small_value: float = 0.0) -> None:
+        self._limits = limits
         self._small_value = small_value
 
-    def masks(self, errors: ChunkErrors) -> Sequence[torch.Tensor]:
-        out = []
+    def exceedances(self, errors: ChunkErrors) -> Sequence[Exceedance]:
         floored: torch.Tensor | None = None
-        for quantity, limit in self._thresholds:
-            if quantity == "floored_rel":
-                if floored is None:
-                    floored = errors.abs_err / errors.expected_abs.clamp(min=self._small_value)
-                out.append(floored > limit)
-            else:
-                out.append(getattr(errors, quantity) > limit)
+        out = []
+        for quantity, limit in self._limits:
+            if quantity != "floored_rel":
+                out.append((getattr(errors, quantity), limit))
+                continue
+            if floored is None:
+                floored = errors.scratch
+                torch.clamp(errors.expected_abs, min=self._small_value, out=floored)
+                torch.div(errors.abs_err, floored, out=floored)
+            out.append((floored, limit))
         return out
 
 
@@ -206,11 +212,15 @@ class AllClose(Standard):
 
 
 class _AllCloseRule(ElementRule):
+    """``|a - e| - rtol * |e| > atol``: torch.isclose's test, rearranged so that the chunk's
+    maximum doubles as the smallest atol that would pass."""
+
     def __init__(self, rtol: float, atol: float) -> None:
         self.rtol, self.atol = rtol, atol
 
-    def masks(self, errors: ChunkErrors) -> Sequence[torch.Tensor]:
-        return [errors.abs_err > errors.expected_abs * self.rtol + self.atol]
+    def exceedances(self, errors: ChunkErrors) -> Sequence[Exceedance]:
+        excess = torch.mul(errors.expected_abs, -self.rtol, out=errors.scratch)
+        return [(excess.add_(errors.abs_err), self.atol)]
 
 
 @dataclass(frozen=True)
@@ -229,7 +239,7 @@ class Ratio(Standard):
 
     def rule(self, dtype: torch.dtype) -> ElementRule:
         t = self.tier(dtype)
-        return _Masks(
+        return _Thresholds(
             ("floored_rel", t.pass_rtol),
             ("floored_rel", t.warn_rtol),
             ("floored_rel", t.guard_rtol),
@@ -283,7 +293,7 @@ class Ulp(Standard):
 
     def rule(self, dtype: torch.dtype) -> ElementRule:
         lim = self.limit(dtype)
-        return _Masks(("ulp_err", lim.element_ulp), ("ulp_err", lim.guard_ulp))
+        return _Thresholds(("ulp_err", lim.element_ulp), ("ulp_err", lim.guard_ulp))
 
     def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
         bad = _nonfinite_failure(comparison)
@@ -385,12 +395,12 @@ class Exact(Standard):
 
 
 class _ExactRule(ElementRule):
-    def masks(self, errors: ChunkErrors) -> Sequence[torch.Tensor]:
+    def exceedances(self, errors: ChunkErrors) -> Sequence[Exceedance]:
         # Floats convert to float64 exactly and non-finite pairs are judged apart, so a nonzero
         # float64 difference is a difference; integers beyond 2 ** 53 need the raw values.
         if errors.raw_actual.is_floating_point():
-            return [errors.abs_err != 0]
-        return [errors.raw_actual != errors.raw_expected]
+            return [(errors.abs_err, 0.0)]
+        return [(torch.ne(errors.raw_actual, errors.raw_expected).to(torch.uint8), 0.0)]
 
 
 STANDARDS: dict[str, type[Standard]] = {

@@ -192,11 +192,16 @@ def _walk(slot: str, value: Any) -> Iterator[tuple[str, Any]]:
     if isinstance(value, list):
         for i, item in enumerate(value):
             yield from _walk(f"{slot}.{i}", item)
-    elif isinstance(value, Mapping) and not isinstance(value.get("type"), str):
+    elif isinstance(value, Mapping) and not _is_leaf(value):
         for key, item in value.items():
             yield from _walk(f"{slot}.{key}", item)
     else:
         yield slot, value
+
+
+def _is_leaf(value: Mapping[str, Any]) -> bool:
+    """A described value (``{"type": ..., ...}``) rather than a container of arguments."""
+    return isinstance(value.get("type"), str) or isinstance(value.get("dtype"), str)
 
 
 def _record(rank_dir: Path, leaf: Any, **fields: Any) -> Record:

@@ -7,8 +7,10 @@ import json
 import math
 import shutil
 import zlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ import torch
 from dump_helpers import MSPROBE_FIXTURES, assert_bitwise_equal, write_pickle_payload
 from safetensors.torch import load_file
 
-from pytest_precision import DumpFormatError, load_dump
+from pytest_precision import DumpFormatError, Record, load_dump
 
 #: case -> (records, tensors with data files, steps, ranks)
 CASES = {
@@ -67,8 +69,8 @@ L1_EQUIVALENT = {
 }
 
 
-def calls(records: object) -> list[str]:
-    return list(dict.fromkeys(r.name for r in records))  # type: ignore[attr-defined]
+def calls(records: Iterable[Record]) -> list[str]:
+    return list(dict.fromkeys(r.name for r in records))
 
 
 def make_dumps_module() -> ModuleType:
@@ -89,10 +91,10 @@ def rank_copy(tmp_path: Path) -> Path:
     return target
 
 
-def edit_dump_json(rank_dir: Path, edit: object) -> None:
+def edit_dump_json(rank_dir: Path, edit: Callable[[dict[str, Any]], object]) -> None:
     path = rank_dir / "dump.json"
     content = json.loads(path.read_text())
-    edit(content)  # type: ignore[operator]
+    edit(content)
     path.write_text(json.dumps(content))
 
 
@@ -227,7 +229,7 @@ def test_md5_checksums_are_the_crc32_of_the_tensor_bytes() -> None:
 
 
 def test_non_finite_statistics_flag_nan_and_inf(rank_copy: Path) -> None:
-    def poison(content: dict) -> None:
+    def poison(content: dict[str, Any]) -> None:
         first = content["data"]["Functional.linear.0.forward"]
         first["input_args"][0].update(Max=math.nan, Mean=math.nan)
         first["output"][0].update(Max=math.inf, Min=-math.inf)
@@ -283,7 +285,7 @@ def test_npy_data_files_with_bfloat16_widened_to_float32(rank_copy: Path) -> Non
         np.save(pt.with_suffix(".npy"), wide.numpy())
         pt.unlink()
 
-    def to_npy(content: dict) -> None:
+    def to_npy(content: dict[str, Any]) -> None:
         for call in content["data"].values():
             for args in (call.get("input_args", []), call.get("output", [])):
                 for arg in args:
@@ -337,7 +339,7 @@ def test_malformed_json_names_the_file(rank_copy: Path, file: str) -> None:
         ),
     ],
 )
-def test_wrong_dump_json_schema(rank_copy: Path, content: dict, problem: str) -> None:
+def test_wrong_dump_json_schema(rank_copy: Path, content: dict[str, Any], problem: str) -> None:
     (rank_copy / "dump.json").write_text(json.dumps(content))
     with pytest.raises(DumpFormatError, match=problem):
         load_dump(rank_copy)
@@ -363,7 +365,7 @@ def test_missing_data_file_names_it(rank_copy: Path) -> None:
 def test_data_paths_outside_the_dump_are_refused(rank_copy: Path, data_name: str) -> None:
     (rank_copy / "dump_tensor_data" / "link.pt").symlink_to("/etc/passwd")
 
-    def redirect(content: dict) -> None:
+    def redirect(content: dict[str, Any]) -> None:
         content["data"]["Functional.linear.0.forward"]["input_args"][0]["data_name"] = data_name
 
     edit_dump_json(rank_copy, redirect)

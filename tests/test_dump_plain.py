@@ -177,3 +177,10 @@ def test_truncated_pt(tmp_path: Path) -> None:
     with pytest.raises(DumpFormatError, match="cannot be loaded safely") as info:
         load_dump(tmp_path)
     assert info.value.path == str(file)
+
+
+def test_legacy_pt_serialization_loads_without_mmap(tmp_path: Path) -> None:
+    t = torch.arange(5, dtype=torch.bfloat16)
+    torch.save(t, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    (record,) = load_dump(tmp_path)
+    assert_bitwise_equal(record.load(), t)

@@ -51,12 +51,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def torch_dtype(name: str) -> torch.dtype | None:
-    """The torch dtype called ``name`` (``bfloat16``), or ``None`` if torch has none."""
-    dtype = getattr(torch, name, None)
-    return dtype if isinstance(dtype, torch.dtype) else None
-
-
 def read_json(path: Path) -> Any:
     """A JSON file's content; a missing, unreadable or malformed file is a DumpFormatError."""
     try:

@@ -184,3 +184,14 @@ def test_legacy_pt_serialization_loads_without_mmap(tmp_path: Path) -> None:
     torch.save(t, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
     (record,) = load_dump(tmp_path)
     assert_bitwise_equal(record.load(), t)
+
+
+def test_symlink_out_of_the_folder_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.npy"
+    np.save(outside, np.zeros(2))
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    (folder / "link.npy").symlink_to(outside)
+    with pytest.raises(DumpFormatError, match="symlink points outside") as info:
+        load_dump(folder)
+    assert info.value.path == str(folder / "link.npy")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -109,6 +110,7 @@ def _read_rank(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any], li
         raise DumpFormatError(dump_json, 'not an msprobe dump.json: no "data" object')
     construct = _read_construct(rank_dir / "construct.json")
     header = {k: content.get(k) for k in ("task", "level", "framework")}
+    data_files = _DataFiles(rank_dir)
     records: list[Record] = []
     for name, call in content["data"].items():
         if not isinstance(call, Mapping):
@@ -119,7 +121,7 @@ def _read_rank(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any], li
         for slot, leaf in _slots(name, call):
             records.append(
                 _record(
-                    rank_dir,
+                    data_files,
                     leaf,
                     name=name,
                     slot=slot,
@@ -204,21 +206,21 @@ def _is_leaf(value: Mapping[str, Any]) -> bool:
     return isinstance(value.get("type"), str) or isinstance(value.get("dtype"), str)
 
 
-def _record(rank_dir: Path, leaf: Any, **fields: Any) -> Record:
+def _record(data_files: _DataFiles, leaf: Any, **fields: Any) -> Record:
     where = f"{fields['name']}.{fields['slot']}"
     if not isinstance(leaf, Mapping):
         return Record(value=leaf, **fields)
     if "dtype" not in leaf or "shape" not in leaf:
         return Record(value=leaf.get("value"), **fields)
-    dump_json = rank_dir / "dump.json"
     shape = leaf["shape"]
     if not isinstance(shape, list) or not all(isinstance(n, int) for n in shape):
-        raise DumpFormatError(dump_json, f"record {where}: shape {shape!r} is not a list of ints")
+        problem = f"record {where}: shape {shape!r} is not a list of ints"
+        raise DumpFormatError(data_files.dump_json, problem)
     dtype = _dtype(leaf["dtype"])
     loader = None
     data_name = leaf.get("data_name")
     if data_name is not None:
-        file = _data_file(rank_dir, data_name, where)
+        file = data_files.file(data_name, where)
         loader = functools.partial(_load, file, dtype, tuple(shape))
     checksum = leaf.get("md5")
     return Record(
@@ -237,26 +239,44 @@ def _dtype(recorded: Any) -> str:
     return name if name.islower() else name.lower()
 
 
-def _data_file(rank_dir: Path, data_name: Any, where: str) -> Path:
-    dump_json = rank_dir / "dump.json"
-    data_dir = rank_dir / DATA_DIR
-    if not isinstance(data_name, str) or not data_name:
-        raise DumpFormatError(dump_json, f"record {where}: data_name {data_name!r} is not a name")
-    relative = Path(data_name)
-    file = data_dir / relative
-    if (
-        relative.is_absolute()
-        or ".." in relative.parts
-        or not file.resolve().is_relative_to(data_dir.resolve())
-    ):
-        raise DumpFormatError(
-            dump_json, f"record {where}: data_name {data_name!r} points outside {data_dir}"
-        )
-    if file.suffix not in _DATA_SUFFIXES:
-        raise DumpFormatError(dump_json, f"record {where}: unsupported data file {data_name!r}")
-    if not file.is_file():
-        raise DumpFormatError(file, f"missing: data file of record {where} in {dump_json}")
-    return file
+class _DataFiles:
+    """One rank folder's ``dump_tensor_data/``, listed once so each record costs no system call."""
+
+    def __init__(self, rank_dir: Path) -> None:
+        self.dump_json = rank_dir / "dump.json"
+        self.folder = rank_dir / DATA_DIR
+        try:
+            with os.scandir(self.folder) as entries:
+                self.listing = {e.name: e.is_symlink() for e in entries if e.is_file()}
+        except FileNotFoundError:
+            self.listing = {}
+
+    def file(self, data_name: Any, where: str) -> Path:
+        """The data file named by ``data_name``, after checking it exists inside the folder."""
+        if not isinstance(data_name, str) or not data_name:
+            problem = f"record {where}: data_name {data_name!r} is not a name"
+            raise DumpFormatError(self.dump_json, problem)
+        file = self.folder / data_name
+        if data_name in self.listing:
+            inside = not self.listing[data_name] or self._contains(file)
+        else:  # not a plain file name of the folder: a path, "..", or a missing file
+            relative = Path(data_name)
+            inside = not relative.is_absolute() and ".." not in relative.parts
+            inside = inside and self._contains(file)
+        if not inside:
+            raise DumpFormatError(
+                self.dump_json,
+                f"record {where}: data_name {data_name!r} points outside {self.folder}",
+            )
+        if file.suffix not in _DATA_SUFFIXES:
+            problem = f"record {where}: unsupported data file {data_name!r}"
+            raise DumpFormatError(self.dump_json, problem)
+        if data_name not in self.listing and not file.is_file():
+            raise DumpFormatError(file, f"missing: data file of record {where} in {self.dump_json}")
+        return file
+
+    def _contains(self, file: Path) -> bool:
+        return file.resolve().is_relative_to(self.folder.resolve())
 
 
 def _stats(leaf: Mapping[str, Any], numel: int) -> TensorStats | None:

@@ -5,7 +5,7 @@ the file's path relative to the folder, without the suffix (``layers/0/out`` for
 ``layers/0/out.npy``); its ``slot`` is ``tensor`` for a file holding one tensor, or the key inside
 a container file (``.npz`` array name, safetensors key, dotted path in a ``.pt`` dict / list).
 Files come in natural order of their relative paths (``x2`` before ``x10``), keys within a file
-in natural order too; other files are ignored.
+in natural order too; other files are ignored, and symlinks leading out of the folder refused.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .._errors import DumpFormatError
 from ._records import Dump, Record
 from ._safe_io import (
     dtype_name,
@@ -47,6 +48,10 @@ def tensor_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path] if path.suffix in SUFFIXES else []
     files = [f for f in path.rglob("*") if f.suffix in SUFFIXES and f.is_file()]
+    root = path.resolve()
+    for file in files:
+        if not file.resolve().is_relative_to(root):
+            raise DumpFormatError(file, f"symlink points outside the dump folder {path}")
     return sorted(files, key=lambda f: natural_key(f.relative_to(path).as_posix()))
 
 

@@ -206,7 +206,7 @@ def load_safetensors_tensor(path: Path, key: str) -> torch.Tensor:
     from safetensors import safe_open
 
     try:
-        with safe_open(path, framework="pt") as f:
+        with safe_open(str(path), framework="pt") as f:
             return f.get_tensor(key)
     except Exception as exc:  # safetensors raises its own error type, plus OSError
         raise DumpFormatError(path, f"tensor {key!r} cannot be read: {_first_line(exc)}") from None

@@ -289,7 +289,16 @@ def _stats(leaf: Mapping[str, Any], numel: int) -> TensorStats | None:
     nan = int(any(math.isnan(v) for v in (hi, lo, mean, norm)))
     posinf = int(not nan and hi == math.inf)
     neginf = int(not nan and lo == -math.inf)
-    return TensorStats(hi, lo, mean, norm, nan, posinf, neginf, numel)
+    return TensorStats(
+        max=hi,
+        min=lo,
+        mean=mean,
+        norm=norm,
+        nan_count=nan,
+        posinf_count=posinf,
+        neginf_count=neginf,
+        numel=numel,
+    )
 
 
 def _number(value: Any) -> float:

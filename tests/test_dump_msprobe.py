@@ -129,6 +129,37 @@ def test_mix_calls_parents_and_modules_follow_construct_json() -> None:
     assert by_name["Torch.matmul.0.forward"].op == "matmul"
 
 
+def test_l0_has_module_calls_forward_then_backward() -> None:
+    dump = load_dump(MSPROBE_FIXTURES / "l0_tensor")
+    parents = {r.name: r.parent for r in dump}
+    assert list(parents) == [
+        "Module.block.fc1.Linear.forward.0",
+        "Module.block.act.GELU.forward.0",
+        "Module.block.fc2.Linear.forward.0",
+        "Module.block.Block.forward.0",
+        "Module.head.Linear.forward.0",
+        "Module.head.Linear.parameters_grad.0",
+        "Module.head.Linear.backward.0",
+        "Module.block.Block.backward.0",
+        "Module.block.fc2.Linear.parameters_grad.0",
+        "Module.block.fc2.Linear.backward.0",
+        "Module.block.act.GELU.backward.0",
+        "Module.block.fc1.Linear.backward.0",
+        "Module.block.fc1.Linear.parameters_grad.0",
+    ]
+    inside_block = [name for name, parent in parents.items() if parent is not None]
+    assert inside_block == MIX_CALLS[1:6:2]
+    assert {parents[name] for name in inside_block} == {"Module.block.Block.forward.0"}
+
+
+def test_l1_has_op_calls_without_modules_or_parents() -> None:
+    dump = load_dump(MSPROBE_FIXTURES / "l1_tensor_ranks")
+    for rank in (0, 1):
+        rank_records = [r for r in dump if r.rank == rank]
+        assert calls(rank_records) == [name for name in MIX_CALLS if not name.startswith("Module")]
+        assert {(r.parent, r.module) for r in rank_records} == {(None, None)}
+
+
 def test_slots_and_non_tensor_arguments() -> None:
     dump = load_dump(MSPROBE_FIXTURES / "mix_tensor_steps")
     step0 = {r.key: r for r in dump if r.step == 0}

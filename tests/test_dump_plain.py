@@ -142,6 +142,13 @@ def test_npy_of_python_objects_is_refused(tmp_path: Path) -> None:
         load_dump(tmp_path)
 
 
+@pytest.mark.parametrize("dtype", [">f4", "<U3", "V1"])
+def test_npy_dtypes_without_a_torch_equivalent(tmp_path: Path, dtype: str) -> None:
+    np.save(tmp_path / "x.npy", np.zeros(2, dtype=dtype))
+    with pytest.raises(DumpFormatError, match="has no torch equivalent"):
+        load_dump(tmp_path)
+
+
 def test_truncated_npy(tmp_path: Path) -> None:
     file = tmp_path / "x.npy"
     np.save(file, np.zeros(100, dtype=np.float32))

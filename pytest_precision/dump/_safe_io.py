@@ -121,7 +121,7 @@ def npy_dtype_name(dtype: np.dtype[Any], path: Path) -> str:
         return "bfloat16"
     try:
         return dtype_name(torch.from_numpy(np.empty(0, dtype=dtype)).dtype)
-    except TypeError:
+    except (TypeError, ValueError):
         raise DumpFormatError(path, f"numpy dtype {dtype.str!r} has no torch equivalent") from None
 
 

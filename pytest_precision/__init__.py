@@ -23,7 +23,7 @@ from ._standards import (
     default_standard,
 )
 from ._version import __version__
-from .dump import Dump, Record
+from .dump import Dump, Record, load_dump
 
 __all__ = [
     "AllClose",
@@ -48,5 +48,6 @@ __all__ = [
     "assert_close",
     "compare_tensors",
     "default_standard",
+    "load_dump",
     "tensor_stats",
 ]

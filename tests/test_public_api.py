@@ -30,6 +30,7 @@ EXPECTED = {
     "assert_close",
     "compare_tensors",
     "default_standard",
+    "load_dump",
     "tensor_stats",
 }
 

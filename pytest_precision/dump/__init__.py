@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._load import load_dump
 from ._records import Dump, Record
 
-__all__ = ["Dump", "Record"]
+__all__ = ["Dump", "Record", "load_dump"]

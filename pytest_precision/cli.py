@@ -64,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PrecisionError as exc:
         print(f"pytest-precision {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head`: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ This module is the whole public surface; everything else lives in private module
 
 from __future__ import annotations
 
+from ._determinism import SeedHandle, assert_deterministic, seed_all
 from ._errors import DumpFormatError, PrecisionError, PrecisionInputError
 from ._metrics import TensorStats, tensor_stats
 from ._version import __version__
@@ -16,7 +17,10 @@ __all__ = [
     "PrecisionError",
     "PrecisionInputError",
     "Record",
+    "SeedHandle",
     "TensorStats",
     "__version__",
+    "assert_deterministic",
+    "seed_all",
     "tensor_stats",
 ]

@@ -13,8 +13,11 @@ EXPECTED = {
     "PrecisionError",
     "PrecisionInputError",
     "Record",
+    "SeedHandle",
     "TensorStats",
     "__version__",
+    "assert_deterministic",
+    "seed_all",
     "tensor_stats",
 }
 

@@ -145,7 +145,7 @@ def _enable_deterministic_mode(undo: ExitStack) -> None:
                 warnings.warn(
                     f"{name}={value} cannot take effect: {late[name]}",
                     DeterminismWarning,
-                    stacklevel=4,
+                    stacklevel=3,
                 )
     undo.callback(
         torch.use_deterministic_algorithms,
@@ -232,7 +232,10 @@ def assert_deterministic(
         trace_context: AbstractContextManager[list[tuple[str, int, str]]] = (
             tracer.trace() if tracer is not None else nullcontext([])
         )
-        with seed_all(seed, deterministic=deterministic, remove_dropout=False), trace_context as trace:
+        with (
+            seed_all(seed, deterministic=deterministic, remove_dropout=False),
+            trace_context as trace,
+        ):
             leaves = [(path, _keep(leaf)) for path, leaf in flatten(fn(*args, **kwargs))]
         if run == 1:
             first, first_trace = leaves, trace
@@ -264,9 +267,7 @@ def _callable_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
-def _differences(
-    first: list[tuple[str, Any]], later: list[tuple[str, Any]], run: int
-) -> list[str]:
+def _differences(first: list[tuple[str, Any]], later: list[tuple[str, Any]], run: int) -> list[str]:
     first_paths = [path for path, _ in first]
     later_paths = [path for path, _ in later]
     if first_paths != later_paths:
@@ -276,7 +277,7 @@ def _differences(
         ]
     problems = [
         f"{path or 'output'}: {problem}"
-        for (path, a), (_, b) in zip(first, later)
+        for (path, a), (_, b) in zip(first, later, strict=True)
         if (problem := _leaf_difference(a, b, run)) is not None
     ]
     if len(problems) > MAX_REPORTED_ITEMS:
@@ -297,10 +298,8 @@ def _leaf_difference(a: Any, b: Any, run: int) -> str | None:
         return f"run 1 gave a {type(a).__name__}, run {run} a {type(b).__name__}"
     if isinstance(a, (torch.Tensor, np.ndarray)):
         return _array_difference(a, b, run)
-    if isinstance(a, float):
-        same = a.hex() == b.hex()  # bitwise: nan equals nan, -0.0 differs from 0.0
-    else:
-        same = bool(a == b)
+    # Floats compare bitwise: nan equals nan, -0.0 differs from 0.0.
+    same = a.hex() == b.hex() if isinstance(a, float) else bool(a == b)
     return None if same else f"run 1 = {a!r}, run {run} = {b!r}"
 
 
@@ -308,9 +307,7 @@ def _array_difference(
     a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray, run: int
 ) -> str | None:
     if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
-        return (
-            f"run 1 gave {a.dtype} {tuple(a.shape)}, run {run} gave {b.dtype} {tuple(b.shape)}"
-        )
+        return f"run 1 gave {a.dtype} {tuple(a.shape)}, run {run} gave {b.dtype} {tuple(b.shape)}"
     a_bytes, b_bytes = _element_bytes(a), _element_bytes(b)
     differs = (a_bytes != b_bytes).any(axis=1)
     count = int(differs.sum())
@@ -397,7 +394,9 @@ def _digest(output: Any) -> str:
 def _first_module_difference(
     first: list[tuple[str, int, str]], later: list[tuple[str, int, str]], run: int
 ) -> str:
-    for (name, call, digest), (later_name, later_call, later_digest) in zip(first, later):
+    for (name, call, digest), (later_name, later_call, later_digest) in zip(
+        first, later, strict=False
+    ):
         if (name, call) != (later_name, later_call):
             return (
                 f"module calls diverge: run 1 called {name}, call {call}, where run {run} "

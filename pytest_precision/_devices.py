@@ -16,8 +16,8 @@ import os
 import platform
 import sys
 from collections.abc import Mapping
-from types import ModuleType
-from typing import Any
+from types import MappingProxyType, ModuleType
+from typing import Any, ClassVar
 
 import numpy
 import torch
@@ -33,11 +33,11 @@ class DeviceBackend:
     """One kind of device. Subclasses override what their device supports."""
 
     #: Short name, also the torch device type (``"cpu"``, ``"cuda"``, ``"npu"``).
-    name: str = ""
+    name: ClassVar[str] = ""
     #: Environment variables that make this device's kernels and collectives deterministic.
-    deterministic_env: Mapping[str, str] = {}
+    deterministic_env: ClassVar[Mapping[str, str]] = MappingProxyType({})
     #: Further environment variables worth recording next to results (device visibility).
-    reported_env: tuple[str, ...] = ()
+    reported_env: ClassVar[tuple[str, ...]] = ()
 
     def is_available(self) -> tuple[bool, str]:
         """Return whether the device can be used, and a human reason either way."""
@@ -130,7 +130,11 @@ class AcceleratorBackend(DeviceBackend):
         tracker = getattr(module, "_lazy_seed_tracker", None)
         if tracker is None:
             return "lazy", None
-        return "lazy", (tracker.manual_seed_all_cb, tracker.manual_seed_cb, list(tracker.call_order))
+        return "lazy", (
+            tracker.manual_seed_all_cb,
+            tracker.manual_seed_cb,
+            list(tracker.call_order),
+        )
 
     def set_rng_state(self, state: tuple[str, Any]) -> None:
         module = self.module()
@@ -166,7 +170,7 @@ class AcceleratorBackend(DeviceBackend):
 
 class CudaBackend(AcceleratorBackend):
     name = "cuda"
-    deterministic_env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    deterministic_env = MappingProxyType({"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
     reported_env = ("CUDA_VISIBLE_DEVICES",)
 
     def is_available(self) -> tuple[bool, str]:
@@ -199,12 +203,14 @@ class NpuBackend(AcceleratorBackend):
     """Ascend NPUs through ``torch_npu``, which adds ``torch.npu`` when imported."""
 
     name = "npu"
-    deterministic_env = {
-        "HCCL_DETERMINISTIC": "TRUE",
-        "LCCL_DETERMINISTIC": "1",
-        "CLOSE_MATMUL_K_SHIFT": "1",
-        "ATB_LLM_LCOC_ENABLE": "0",
-    }
+    deterministic_env = MappingProxyType(
+        {
+            "HCCL_DETERMINISTIC": "TRUE",
+            "LCCL_DETERMINISTIC": "1",
+            "CLOSE_MATMUL_K_SHIFT": "1",
+            "ATB_LLM_LCOC_ENABLE": "0",
+        }
+    )
     reported_env = ("ASCEND_RT_VISIBLE_DEVICES",)
 
     def is_available(self) -> tuple[bool, str]:

@@ -99,8 +99,9 @@ def test_uninitialized_accelerator_is_neither_initialized_nor_synchronized(
     assert cuda.late_env() == {}
 
 
-def test_uninitialized_accelerator_restores_the_queued_seeds(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("initialized_meanwhile", [False, True])
+def test_uninitialized_accelerator_gets_its_queued_seeds_back(
+    monkeypatch: pytest.MonkeyPatch, initialized_meanwhile: bool
 ) -> None:
     fake = FakeAccelerator(count=2, initialized=False)
     install_fake_cuda(monkeypatch, fake)
@@ -108,23 +109,31 @@ def test_uninitialized_accelerator_restores_the_queued_seeds(
     state = cuda.get_rng_state()
     cuda.seed(5)
     assert fake._lazy_seed_tracker.manual_seed_all_cb is not None
+    fake.initialized = initialized_meanwhile
     cuda.set_rng_state(state)
     assert fake._lazy_seed_tracker.manual_seed_all_cb is None
     assert fake._lazy_seed_tracker.call_order == []
+    if initialized_meanwhile:
+        # Nothing was queued before, so the devices go back to torch's unseeded start.
+        assert fake.calls[-1] == ("manual_seed_all", TORCH_DEFAULT_SEED)
+        assert fake.states == [f"seeded {TORCH_DEFAULT_SEED}"] * 2
+    else:
+        assert fake.calls == [("manual_seed_all", 5)]
+        assert fake.states == ["initial state 0", "initial state 1"]
 
 
-def test_accelerator_initialized_meanwhile_goes_back_to_its_unseeded_state(
+def test_seed_queued_before_is_replayed_when_initialized_meanwhile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake = FakeAccelerator(count=2, initialized=False)
     install_fake_cuda(monkeypatch, fake)
+    fake.manual_seed_all(3)  # the user's own seed, still queued
     cuda = get_backend("cuda")
     state = cuda.get_rng_state()
     cuda.seed(5)
     fake.initialized = True
     cuda.set_rng_state(state)
-    assert fake.calls[-1] == ("manual_seed_all", TORCH_DEFAULT_SEED)
-    assert fake.states == [f"seeded {TORCH_DEFAULT_SEED}"] * 2
+    assert fake.states == ["seeded 3", "seeded 3"]
 
 
 @needs_cuda

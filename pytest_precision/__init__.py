@@ -5,13 +5,14 @@ This module is the whole public surface; everything else lives in private module
 
 from __future__ import annotations
 
-from ._determinism import SeedHandle, assert_deterministic, seed_all
+from ._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
 from ._errors import DumpFormatError, PrecisionError, PrecisionInputError
 from ._metrics import TensorStats, tensor_stats
 from ._version import __version__
 from .dump import Dump, Record
 
 __all__ = [
+    "DeterminismWarning",
     "Dump",
     "DumpFormatError",
     "PrecisionError",

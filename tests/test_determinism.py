@@ -17,8 +17,13 @@ from _fakes import FakeAccelerator, install_fake_cuda, install_fake_npu
 from _state import changed, global_state
 from torch import nn
 
-from pytest_precision import PrecisionInputError, assert_deterministic, seed_all
-from pytest_precision._determinism import DROPOUT_FUNCTIONS, DeterminismWarning, derive_seed
+from pytest_precision import (
+    DeterminismWarning,
+    PrecisionInputError,
+    assert_deterministic,
+    seed_all,
+)
+from pytest_precision._determinism import DROPOUT_FUNCTIONS, derive_seed
 
 ASCEND_ENV = {
     "HCCL_DETERMINISTIC": "TRUE",

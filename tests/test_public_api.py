@@ -8,6 +8,7 @@ import types
 import pytest_precision
 
 EXPECTED = {
+    "DeterminismWarning",
     "Dump",
     "DumpFormatError",
     "PrecisionError",

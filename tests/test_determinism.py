@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import random
 import re
@@ -15,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from _fakes import FakeAccelerator, install_fake_cuda, install_fake_npu
 from _state import changed, global_state
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from pytest_precision import (
@@ -410,3 +413,32 @@ def test_runs_below_two_and_a_non_module_locate_are_input_errors() -> None:
         assert_deterministic(torch.zeros, 1, runs=1)
     with pytest.raises(PrecisionInputError, match=r"locate must be a torch\.nn\.Module"):
         assert_deterministic(torch.zeros, 1, locate="model")  # type: ignore[arg-type]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    shapes=st.lists(st.lists(st.integers(1, 4), min_size=0, max_size=3), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_a_one_ulp_change_anywhere_is_caught_at_its_path_and_index(
+    shapes: list[list[int]], data: st.DataObject
+) -> None:
+    outputs = {f"out{i}": torch.randn(shape) for i, shape in enumerate(shapes)}
+    item = data.draw(st.sampled_from(sorted(outputs)))
+    flat = data.draw(st.integers(0, outputs[item].numel() - 1))
+    changed_outputs = {name: t.clone() for name, t in outputs.items()}
+    target = changed_outputs[item].view(-1)
+    target[flat] = torch.nextafter(target[flat], torch.tensor(math.inf))
+    results = iter([outputs, changed_outputs])
+
+    with pytest.raises(AssertionError) as excinfo:
+        assert_deterministic(lambda: next(results), runs=2)
+    index = tuple(int(i) for i in np.unravel_index(flat, tuple(outputs[item].shape)))
+    assert (
+        str(excinfo.value)
+        .splitlines()[1]
+        .startswith(
+            f"  ['{item}']: 1 of {outputs[item].numel()} elements differ (torch.float32, "
+            f"shape {tuple(outputs[item].shape)}); first at index {index}: "
+        )
+    )

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pytest_precision._nested import flatten
 
@@ -51,3 +53,21 @@ def test_a_model_output_mapping_is_walked_by_key() -> None:
 def test_dataclass_types_and_empty_containers_are_handled() -> None:
     assert flatten(Step) == [("", Step)]
     assert flatten(([], {})) == []
+
+
+leaves = st.integers() | st.none() | st.text(max_size=3)
+structures = st.recursive(
+    leaves,
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=3) | st.integers(), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(structures)
+def test_every_path_indexes_back_to_its_leaf(value: Any) -> None:
+    for path, leaf in flatten(value):
+        assert eval(f"value{path}", {"value": value}) is leaf  # the path is real Python indexing

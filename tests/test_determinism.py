@@ -146,7 +146,11 @@ DROPOUT_MODULES = [
 ]
 
 
-@pytest.mark.parametrize(("module", "shape"), DROPOUT_MODULES, ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize(
+    ("module", "shape"),
+    DROPOUT_MODULES,
+    ids=[type(module).__name__ for module, _ in DROPOUT_MODULES],
+)
 def test_dropout_modules_in_training_mode_become_the_identity(
     module: nn.Module, shape: tuple[int, ...]
 ) -> None:

@@ -6,6 +6,7 @@ This module is the whole public surface; everything else lives in private module
 from __future__ import annotations
 
 from ._assertions import Comparison, assert_close
+from ._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
 from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
 from ._metrics import TensorStats, tensor_stats
 from ._standards import (
@@ -28,6 +29,7 @@ from .dump import Dump, Record, load_dump
 __all__ = [
     "AllClose",
     "Comparison",
+    "DeterminismWarning",
     "Dump",
     "DumpFormatError",
     "Exact",
@@ -39,6 +41,7 @@ __all__ = [
     "Record",
     "Reference",
     "ReferenceLimit",
+    "SeedHandle",
     "Standard",
     "TensorComparison",
     "TensorStats",
@@ -46,8 +49,10 @@ __all__ = [
     "UlpLimit",
     "__version__",
     "assert_close",
+    "assert_deterministic",
     "compare_tensors",
     "default_standard",
     "load_dump",
+    "seed_all",
     "tensor_stats",
 ]

@@ -6,10 +6,9 @@ leaf pair is compared by :func:`compare_tensors`, and a failure names the path o
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 
 from ._errors import PrecisionInputError, PrecisionWarning
 from ._metrics import HISTOGRAM_EDGES, ErrorDetails, error_details
+from ._nested import iter_leaf_pairs
 from ._standards import Standard, TensorComparison, Verdict, compare_tensors
 
 _VERDICT_ORDER: dict[Verdict, int] = {"pass": 0, "warn": 1, "fail": 2}
@@ -48,68 +48,6 @@ def to_tensor(value: Any, where: str = "value") -> torch.Tensor:
         f"{where}: cannot compare a value of type {type(value).__name__} "
         "(expected a tensor, numpy array, number, or a tuple/list/dict/dataclass of them)"
     )
-
-
-def _is_leaf(value: Any) -> bool:
-    return isinstance(value, (torch.Tensor, np.ndarray, np.generic, numbers.Number))
-
-
-def _children(value: Any) -> Iterator[tuple[str, Any]] | None:
-    """(path suffix, child) pairs of a container, or None for a non-container."""
-    if isinstance(value, Mapping):
-        return ((f"[{k!r}]", v) for k, v in value.items())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return ((f".{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value))
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        return ((f"[{i}]", v) for i, v in enumerate(value))
-    return None
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"Tensor{tuple(value.shape)}"
-    if isinstance(value, Mapping):
-        return f"{type(value).__name__} with keys {list(value)}"
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        return f"{type(value).__name__} of length {len(value)}"
-    return type(value).__name__
-
-
-def iter_leaf_pairs(actual: Any, expected: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
-    """Walk two structures in parallel; yield ``(path, actual_leaf, expected_leaf)``.
-
-    Raises :class:`PrecisionInputError` naming the path where the structures differ.
-    """
-    where = path or "value"
-    if actual is None and expected is None:
-        return
-    if _is_leaf(actual) and _is_leaf(expected):
-        yield path, actual, expected
-        return
-    a_children, e_children = _children(actual), _children(expected)
-    for value, side in ((actual, "actual"), (expected, "expected")):
-        if value is not None and not _is_leaf(value) and _children(value) is None:
-            raise PrecisionInputError(
-                f"{where}: cannot compare a value of type {type(value).__name__} ({side}); "
-                "expected a tensor, numpy array, number, or a tuple/list/dict/dataclass of them"
-            )
-    if a_children is None or e_children is None:
-        raise PrecisionInputError(
-            f"{where}: structure mismatch: actual is {_describe(actual)}, "
-            f"expected is {_describe(expected)}"
-        )
-    a_items, e_items = dict(a_children), dict(e_children)
-    if a_items.keys() != e_items.keys():
-        missing = [k for k in e_items if k not in a_items]
-        extra = [k for k in a_items if k not in e_items]
-        raise PrecisionInputError(
-            f"{where}: structure mismatch: actual {_describe(actual)}, "
-            f"expected {_describe(expected)}"
-            + (f"; missing in actual: {', '.join(missing)}" if missing else "")
-            + (f"; unexpected in actual: {', '.join(extra)}" if extra else "")
-        )
-    for suffix, e_child in e_items.items():
-        yield from iter_leaf_pairs(a_items[suffix], e_child, path + suffix)
 
 
 @dataclass(frozen=True)

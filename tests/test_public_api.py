@@ -10,6 +10,7 @@ import pytest_precision
 EXPECTED = {
     "AllClose",
     "Comparison",
+    "DeterminismWarning",
     "Dump",
     "DumpFormatError",
     "Exact",
@@ -21,6 +22,7 @@ EXPECTED = {
     "Record",
     "Reference",
     "ReferenceLimit",
+    "SeedHandle",
     "Standard",
     "TensorComparison",
     "TensorStats",
@@ -28,9 +30,11 @@ EXPECTED = {
     "UlpLimit",
     "__version__",
     "assert_close",
+    "assert_deterministic",
     "compare_tensors",
     "default_standard",
     "load_dump",
+    "seed_all",
     "tensor_stats",
 }
 

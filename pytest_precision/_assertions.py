@@ -23,24 +23,33 @@ from ._standards import Standard, TensorComparison, Verdict, compare_tensors
 _VERDICT_ORDER: dict[Verdict, int] = {"pass": 0, "warn": 1, "fail": 2}
 
 
+def _from_numpy(array: np.ndarray, where: str) -> torch.Tensor:
+    if array.dtype.name == "bfloat16":  # ml_dtypes: the same bits as torch.bfloat16
+        return _from_numpy(array.view(np.int16), where).view(torch.bfloat16)
+    if array.dtype.kind not in "biuf" or array.dtype.itemsize > 8:
+        raise PrecisionInputError(
+            f"{where}: numpy dtype {array.dtype} cannot be compared numerically"
+        )
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if not array.flags.c_contiguous:  # also covers negative strides, which torch refuses
+        array = np.ascontiguousarray(array)
+    with warnings.catch_warnings():  # read-only arrays are fine: nothing writes to them
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
 def to_tensor(value: Any, where: str = "value") -> torch.Tensor:
     """Turn a tensor, numpy array (ml_dtypes bfloat16 included) or Python number into a tensor."""
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, (np.ndarray, np.generic)):
-        array = np.asarray(value)
-        if not array.flags.c_contiguous:  # also covers negative strides, which torch refuses
-            array = np.ascontiguousarray(array)
-        if array.dtype.name == "bfloat16":  # ml_dtypes: same bits as torch.bfloat16
-            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-        if array.dtype.kind not in "biuf":
-            raise PrecisionInputError(
-                f"{where}: numpy dtype {array.dtype} cannot be compared numerically"
-            )
-        return torch.from_numpy(array)
+        return _from_numpy(np.asarray(value), where)
     if isinstance(value, bool):
         return torch.tensor(value)
     if isinstance(value, numbers.Integral):
+        if not -(2**63) <= int(value) < 2**63:
+            raise PrecisionInputError(f"{where}: integer {value} does not fit in int64")
         return torch.tensor(int(value), dtype=torch.int64)
     if isinstance(value, numbers.Real):
         return torch.tensor(float(value), dtype=torch.float64)
@@ -99,7 +108,10 @@ def compare(
 ) -> Comparison:
     """Compare every leaf of two structures; details are computed for the ones that fail."""
     if reference is not None:
-        references = {p: r for p, _, r in iter_leaf_pairs(expected, reference)}
+        references = {
+            p: r
+            for p, _, r in iter_leaf_pairs(expected, reference, sides=("expected", "reference"))
+        }
     items = []
     for path, a_leaf, e_leaf in iter_leaf_pairs(actual, expected):
         label = _label(name, path)

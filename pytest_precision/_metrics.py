@@ -17,11 +17,30 @@ import torch
 CHUNK_NUMEL = 1 << 18
 
 
+#: Float dtypes most torch kernels lack (isfinite, aminmax, ==): read as float32, exactly.
+_WIDENED: frozenset[torch.dtype] = frozenset(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+)
+
+
+def flatten_detached(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a flat, detached tensor: a view when contiguous, else one copy in its own dtype."""
+    return t.detach().reshape(-1)
+
+
+def chunk_of(flat: torch.Tensor, start: int, chunk_numel: int) -> torch.Tensor:
+    """Elements ``start:start + chunk_numel`` of a flat tensor, widened if kernels need it."""
+    chunk = flat[start : start + chunk_numel]
+    return chunk.float() if chunk.dtype in _WIDENED else chunk
+
+
 def iter_flat_chunks(t: torch.Tensor, chunk_numel: int = CHUNK_NUMEL) -> Iterator[torch.Tensor]:
-    """Yield consecutive 1-d views of ``t`` (a contiguous copy is made only for strided input)."""
-    flat = t.reshape(-1)
+    """Yield consecutive 1-d chunks of ``t`` (see :func:`flatten_detached`, :func:`chunk_of`)."""
+    flat = flatten_detached(t)
     for start in range(0, flat.numel(), chunk_numel):
-        yield flat[start : start + chunk_numel]
+        yield chunk_of(flat, start, chunk_numel)
 
 
 @dataclass(frozen=True)
@@ -63,7 +82,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     hi = -math.inf
     nan = posinf = neginf = 0
     floating = t.is_floating_point()
-    for chunk in iter_flat_chunks(t.detach()):
+    for chunk in iter_flat_chunks(t):
         if floating:
             finite = torch.isfinite(chunk)
             if not bool(finite.all()):
@@ -310,14 +329,17 @@ def measure(
     """Compute :class:`ErrorMetrics` of two same-shape float tensors on the same device.
 
     One streaming pass over flat chunks accumulates sums, maxima and counts as float64 device
-    scalars (no host sync per chunk on accelerators beyond the finiteness check); a second look
-    at the single chunk holding each maximum recovers its index.
+    scalars (a few scalar host syncs per chunk decide whether the rare paths are needed); a
+    second look at the single chunk holding each maximum recovers its index. Strided inputs
+    are copied once, in their own dtype; float8 chunks are widened to float32 (exactly).
     """
     dtype = lower_precision(actual.dtype, expected.dtype)
     device = actual.device
     if chunk_numel is None:
         chunk_numel = CHUNK_NUMEL if device.type == "cpu" else 1 << 22
     numel = actual.numel()
+    shape = tuple(actual.shape)
+    flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
     work = _ChunkPass(dtype, device, min(chunk_numel, max(numel, 1)))
     sums = torch.zeros(7, dtype=torch.float64, device=device)  # ae aa ee dd |d| rel ulp
     counts = torch.zeros(3, dtype=torch.int64, device=device)  # >1e-3, >5e-3, union non-finite
@@ -328,12 +350,8 @@ def measure(
     num_chunks = -(-numel // chunk_numel)
     maxima = torch.zeros(num_chunks, 3, dtype=torch.float64, device=device)  # |d| rel ulp
 
-    pairs = zip(
-        iter_flat_chunks(actual.detach(), chunk_numel),
-        iter_flat_chunks(expected.detach(), chunk_numel),
-        strict=True,
-    )
-    for chunk, (a, e) in enumerate(pairs):
+    for chunk, start in enumerate(range(0, numel, chunk_numel)):
+        a, e = chunk_of(flat_a, start, chunk_numel), chunk_of(flat_e, start, chunk_numel)
         err = work.errors(a, e, None)
         partial = _chunk_sums(err)
         if not bool(torch.isfinite(partial[1] + partial[2])):
@@ -365,20 +383,23 @@ def measure(
     over_thousandth, over_five_thousandth, nonfinite_union = counts.tolist()
     nf = nonfinite.tolist()
     finite_count = numel - nonfinite_union
-    rules = tuple(rule_counts.tolist()) if rule_counts is not None else ()
-    max_abs, abs_index = _max_and_index(maxima, 0, actual, expected, work, chunk_numel)
-    max_rel, rel_index = _max_and_index(maxima, 1, actual, expected, work, chunk_numel)
+    if rule is not None and rule_counts is None:  # no chunk at all: every counter is zero
+        empty = flat_a[:0]
+        rule_counts = torch.zeros(len(rule.exceedances(work.errors(empty, empty, None))))
+    rules = tuple(int(c) for c in rule_counts.tolist()) if rule_counts is not None else ()
+    max_abs, abs_index = _max_and_index(maxima, 0, flat_a, flat_e, shape, work, chunk_numel)
+    max_rel, rel_index = _max_and_index(maxima, 1, flat_a, flat_e, shape, work, chunk_numel)
     max_ulp = float(maxima[:, 2].max()) if num_chunks else 0.0
     per_element = max(finite_count, 1)
     mismatches = (rules[0] if rules else 0) + nf[6]
     return ErrorMetrics(
-        shape=tuple(actual.shape),
+        shape=shape,
         numel=numel,
         finite_count=finite_count,
         actual_dtype=actual.dtype,
         expected_dtype=expected.dtype,
         dtype=dtype,
-        cosine=_cosine(s[0], s[1], s[2]),
+        cosine=_cosine(s[0], s[1], s[2], s[3]),
         max_abs_err=max_abs,
         max_abs_index=abs_index,
         max_rel_err=max_rel,
@@ -403,31 +424,45 @@ def measure(
 def _max_and_index(
     maxima: torch.Tensor,
     column: int,
-    actual: torch.Tensor,
-    expected: torch.Tensor,
+    flat_a: torch.Tensor,
+    flat_e: torch.Tensor,
+    shape: tuple[int, ...],
     work: _ChunkPass,
     chunk_numel: int,
 ) -> tuple[float, tuple[int, ...] | None]:
-    """The maximum of one per-element error and the first index where it occurs."""
+    """The maximum of one per-element error and the first index, among the elements finite on
+    both sides, where it occurs."""
     if not maxima.numel():
         return 0.0, None
     values = maxima[:, column]
     best = float(values.max())
     chunk = int(torch.nonzero(values == best)[0, 0])
     start = chunk * chunk_numel
-    a = actual.detach().reshape(-1)[start : start + chunk_numel]
-    e = expected.detach().reshape(-1)[start : start + chunk_numel]
+    a, e = chunk_of(flat_a, start, chunk_numel), chunk_of(flat_e, start, chunk_numel)
     finite = torch.isfinite(a) & torch.isfinite(e)
-    err = work.errors(a, e, None if bool(finite.all()) else finite)
+    all_finite = bool(finite.all())
+    err = work.errors(a, e, None if all_finite else finite)
     per_element = (err.abs_err, err.rel_err)[column]
-    offset = int(torch.nonzero(per_element == best)[0, 0])
-    return best, _unravel(start + offset, tuple(actual.shape))
+    if not all_finite:
+        per_element = per_element.masked_fill(~finite, -1.0)
+    found = torch.nonzero(per_element == best)
+    if not found.numel():  # nothing finite at all
+        return best, None
+    return best, _unravel(start + int(found[0, 0]), shape)
 
 
-def _cosine(ae: float, aa: float, ee: float) -> float:
+def _cosine(ae: float, aa: float, ee: float, dd: float) -> float:
+    if dd == 0.0:  # equal on every finite element
+        return 1.0
     if aa == 0.0 or ee == 0.0:
         return 1.0 if aa == ee else 0.0
-    return max(-1.0, min(1.0, ae / (math.sqrt(aa) * math.sqrt(ee))))
+    norms = math.sqrt(aa * ee)
+    if not 0.0 < norms < math.inf:  # the product over- or underflowed
+        norms = math.sqrt(aa) * math.sqrt(ee)
+    cosine = ae / norms
+    if not math.isfinite(cosine):  # float64 sums overflowed: no honest value
+        return math.nan
+    return max(-1.0, min(1.0, cosine))
 
 
 def _sqnr_db(signal: float, noise: float) -> float:
@@ -474,9 +509,11 @@ class ErrorDetails:
     """What a failure report shows beyond the metrics.
 
     ``histogram`` counts elements per relative-error bucket: exactly 0, then up to each of
-    ``HISTOGRAM_EDGES[1:]``, then above the last edge (including inf). ``required_atol`` is the
+    ``HISTOGRAM_EDGES[1:]``, then above the last edge (including inf); only pairs finite on both
+    sides are counted. ``required_atol`` is the
     smallest atol that passes every element at the given rtol; ``required_rtol`` the smallest
-    rtol at the given atol (inf when an element with expected 0 exceeds atol).
+    rtol at the given atol (inf when an element with expected 0 exceeds atol, and both inf when
+    non-finite values differ).
     """
 
     first_mismatches: tuple[Element, ...]
@@ -513,19 +550,22 @@ def error_details(
     worst_index = torch.empty(0, dtype=torch.int64, device=device)
     need_atol = torch.zeros((), dtype=torch.float64, device=device)
     need_rtol = torch.zeros((), dtype=torch.float64, device=device)
-    flat_a = actual.detach().reshape(-1)
-    flat_e = expected.detach().reshape(-1)
+    flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
+    nonfinite_mismatch = False
     for start in range(0, flat_a.numel(), chunk_numel):
-        a = flat_a[start : start + chunk_numel]
-        e = flat_e[start : start + chunk_numel]
+        a, e = chunk_of(flat_a, start, chunk_numel), chunk_of(flat_e, start, chunk_numel)
         finite = torch.isfinite(a) & torch.isfinite(e)
         all_finite = bool(finite.all())
         err = work.errors(a, e, None if all_finite else finite)
         values, limit = rule.exceedances(err)[0]
         mismatch = values > limit
+        rel_err = err.rel_err
         if not all_finite:
             same = (a == e) | (torch.isnan(a) & torch.isnan(e))
-            mismatch = mismatch | (~finite & ~same)
+            bad = ~finite & ~same
+            nonfinite_mismatch = nonfinite_mismatch or bool(bad.any())
+            mismatch = mismatch | bad
+            rel_err = rel_err[finite]  # the histogram counts finite pairs only
         if len(first) < k:
             found = torch.nonzero(mismatch)[: k - len(first), 0]
             first.extend(start + i for i in found.tolist())
@@ -534,9 +574,7 @@ def error_details(
         worst_index = torch.cat([worst_index, top.indices + start])
         keep = torch.topk(worst_values, min(k, worst_values.numel()))
         worst_values, worst_index = keep.values, worst_index[keep.indices]
-        histogram += torch.bincount(
-            torch.bucketize(err.rel_err, edges), minlength=histogram.numel()
-        )
+        histogram += torch.bincount(torch.bucketize(rel_err, edges), minlength=histogram.numel())
         need_atol = torch.maximum(need_atol, (err.abs_err - rtol * err.expected_abs).amax())
         need_rtol = torch.maximum(
             need_rtol,
@@ -557,6 +595,7 @@ def error_details(
         worst=tuple(element(i) for i in worst_index.tolist()),
         requested=tuple(element(_ravel(i, shape)) for i in indices),
         histogram=tuple(histogram.tolist()),
-        required_atol=max(float(need_atol), 0.0),
-        required_rtol=float(need_rtol),
+        # No tolerance admits a non-finite mismatch.
+        required_atol=math.inf if nonfinite_mismatch else max(float(need_atol), 0.0),
+        required_rtol=math.inf if nonfinite_mismatch else float(need_rtol),
     )

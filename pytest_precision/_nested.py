@@ -68,38 +68,64 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def iter_leaf_pairs(actual: Any, expected: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+def _kind(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "mapping"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return "dataclass"
+    return "sequence"
+
+
+def iter_leaf_pairs(
+    actual: Any,
+    expected: Any,
+    path: str = "",
+    *,
+    sides: tuple[str, str] = ("actual", "expected"),
+) -> Iterator[tuple[str, Any, Any]]:
     """Walk two structures in parallel; yield ``(path, actual_leaf, expected_leaf)``.
 
-    Raises :class:`PrecisionInputError` naming the path where the structures differ.
+    Raises :class:`PrecisionInputError` naming the path where the structures differ (``sides``
+    names the two structures in that message), where a value cannot be compared, or where a
+    structure contains itself.
     """
+    yield from _pairs(actual, expected, path, sides, frozenset())
+
+
+def _pairs(
+    actual: Any, expected: Any, path: str, sides: tuple[str, str], open_ids: frozenset[int]
+) -> Iterator[tuple[str, Any, Any]]:
     where = path or "value"
+    first, second = sides
     if actual is None and expected is None:
         return
     if _is_leaf(actual) and _is_leaf(expected):
         yield path, actual, expected
         return
-    a_children, e_children = children(actual), children(expected)
-    for value, side in ((actual, "actual"), (expected, "expected")):
+    for value, side in ((actual, first), (expected, second)):
         if value is not None and not _is_leaf(value) and children(value) is None:
             raise PrecisionInputError(
                 f"{where}: cannot compare a value of type {type(value).__name__} ({side}); "
                 "expected a tensor, numpy array, number, or a tuple/list/dict/dataclass of them"
             )
-    if a_children is None or e_children is None:
+        if id(value) in open_ids:
+            raise PrecisionInputError(f"{where}: the {side} structure contains itself")
+    a_children, e_children = children(actual), children(expected)
+    if a_children is None or e_children is None or _kind(actual) != _kind(expected):
         raise PrecisionInputError(
-            f"{where}: structure mismatch: actual is {_describe(actual)}, "
-            f"expected is {_describe(expected)}"
+            f"{where}: structure mismatch: {first} is {_describe(actual)}, "
+            f"{second} is {_describe(expected)}"
         )
     a_items, e_items = dict(a_children), dict(e_children)
     if a_items.keys() != e_items.keys():
         missing = [k for k in e_items if k not in a_items]
         extra = [k for k in a_items if k not in e_items]
         raise PrecisionInputError(
-            f"{where}: structure mismatch: actual {_describe(actual)}, "
-            f"expected {_describe(expected)}"
-            + (f"; missing in actual: {', '.join(missing)}" if missing else "")
-            + (f"; unexpected in actual: {', '.join(extra)}" if extra else "")
+            f"{where}: structure mismatch: {first} {_describe(actual)}, "
+            f"{second} {_describe(expected)}"
+            + (f"; missing in {first}: {', '.join(missing)}" if missing else "")
+            + (f"; unexpected in {first}: {', '.join(extra)}" if extra else "")
         )
+    inner = open_ids | {id(actual), id(expected)}
     for suffix, e_child in e_items.items():
-        yield from iter_leaf_pairs(a_items[suffix], e_child, path + suffix)
+        yield from _pairs(a_items[suffix], e_child, path + suffix, sides, inner)

@@ -355,6 +355,12 @@ class Reference(Standard):
                 "the reference standard needs reference= (the same computation in float64)"
             )
         target, baseline = vs_reference
+        if target.nonfinite_mismatch_count:
+            return Judgement(
+                "fail",
+                f"{target.nonfinite_mismatch_count} non-finite value(s) where the float64 "
+                "reference differs",
+            )
         lim = self.limit()
         # Baseline errors are floored at one rounding of the reference's scale, so a baseline
         # that matches the reference exactly does not demand an exact target.
@@ -467,38 +473,38 @@ def resolve_standard(
 ) -> Standard:
     """Turn the user's ``standard`` / ``rtol`` / ``atol`` into a :class:`Standard`.
 
-    Explicit tolerances without a standard mean allclose (as in torch.testing); with the name
-    ``"allclose"`` they override its table; with any other standard they are an error.
+    Integers and bools are always compared exactly. For floats, explicit tolerances without a
+    standard mean allclose (as in torch.testing); with ``"allclose"`` they override its table;
+    with any other standard they are an error.
     """
+    tolerances = rtol is not None or atol is not None
     if isinstance(standard, str):
         try:
             cls = STANDARDS[standard]
         except KeyError:
             known = ", ".join(STANDARDS)
             raise PrecisionInputError(f"unknown standard {standard!r} (known: {known})") from None
-        standard = AllClose(rtol=rtol, atol=atol) if cls is AllClose else cls()
-    elif standard is None:
-        if rtol is not None or atol is not None:
-            return AllClose(rtol=rtol, atol=atol)
-        return default_standard(dtype)
-    elif not isinstance(standard, Standard):
+        standard = cls()
+    elif standard is not None and not isinstance(standard, Standard):
         raise PrecisionInputError(
             f"standard must be a name ({', '.join(STANDARDS)}) or a Standard, "
             f"not {type(standard).__name__}"
         )
-    if (rtol is not None or atol is not None) and not isinstance(standard, AllClose):
+    if standard is None:
+        standard = AllClose() if tolerances else default_standard(dtype)
+    elif tolerances and not isinstance(standard, AllClose):
         raise PrecisionInputError(
             f"rtol/atol apply to the allclose standard only, not to {standard.name!r}"
         )
-    if isinstance(standard, AllClose) and (rtol is not None or atol is not None):
-        standard = AllClose(
+    if not dtype.is_floating_point:
+        return Exact()
+    if isinstance(standard, AllClose) and tolerances:
+        return AllClose(
             rtol=standard.rtol if rtol is None else rtol,
             atol=standard.atol if atol is None else atol,
             table=standard.table,
         )
-    if isinstance(standard, Exact) or dtype.is_floating_point:
-        return standard
-    return Exact()
+    return standard
 
 
 def compare_tensors(
@@ -538,6 +544,19 @@ def compare_tensors(
 
 
 def _check_pair(actual: torch.Tensor, other: torch.Tensor, what: str) -> None:
+    for t, side in ((actual, "actual"), (other, what)):
+        if t.layout != torch.strided:
+            raise PrecisionInputError(
+                f"{side} is a {t.layout} tensor; convert it with .to_dense() first"
+            )
+        if t.is_quantized:
+            raise PrecisionInputError(f"{side} is quantized; compare .dequantize() instead")
+        if t.is_complex():
+            raise PrecisionInputError(
+                f"{side} is complex ({t.dtype}); compare torch.view_as_real(...) instead"
+            )
+        if t.device.type == "meta":
+            raise PrecisionInputError(f"{side} is on the meta device and holds no values")
     if actual.shape != other.shape:
         raise PrecisionInputError(
             f"shape mismatch: actual {tuple(actual.shape)} vs {what} {tuple(other.shape)}"
@@ -547,11 +566,6 @@ def _check_pair(actual: torch.Tensor, other: torch.Tensor, what: str) -> None:
             f"device mismatch: actual on {actual.device}, {what} on {other.device}; "
             f"move one of them (e.g. .cpu()) before comparing"
         )
-    for t, side in ((actual, "actual"), (other, what)):
-        if t.is_complex():
-            raise PrecisionInputError(
-                f"{side} is complex ({t.dtype}); compare torch.view_as_real(...) instead"
-            )
     if actual.is_floating_point() != other.is_floating_point():
         raise PrecisionInputError(
             f"dtype mismatch: actual {actual.dtype} vs {what} {other.dtype} "

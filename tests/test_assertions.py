@@ -85,7 +85,7 @@ def test_mixed_precision_uses_the_lower_dtype_standard() -> None:
         (
             torch.zeros(3),
             torch.zeros(3, device="meta"),
-            "device mismatch: actual on cpu, expected on meta",
+            "expected is on the meta device and holds no values",
         ),
         (torch.zeros(3), torch.zeros(3, dtype=torch.int64), "dtype mismatch"),
         (torch.zeros(3, dtype=torch.complex64), torch.zeros(3, dtype=torch.complex64), "complex"),
@@ -95,11 +95,26 @@ def test_mixed_precision_uses_the_lower_dtype_standard() -> None:
         ({"a": torch.zeros(1)}, {"b": torch.zeros(1)}, "missing in actual: \\['b'\\]"),
         ([[1.0, 2.0], [3.0]], [[1.0, 2.0], [3.0, 4.0]], r"\[1\]: structure mismatch"),
         (np.array(["x"]), np.array(["x"]), "numpy dtype <U1 cannot be compared"),
+        (np.ones(2, np.longdouble), np.ones(2), "numpy dtype float128 cannot be compared"),
+        (2**70, 2**70, "does not fit in int64"),
+        ([torch.zeros(1)], {0: torch.zeros(1)}, "structure mismatch: actual is list"),
+        (torch.zeros(3).to_sparse(), torch.zeros(3), "actual is a torch.sparse_coo tensor"),
+        (
+            torch.quantize_per_tensor(torch.zeros(3), 0.1, 0, torch.quint8),
+            torch.zeros(3),
+            "actual is quantized",
+        ),
     ],
 )
 def test_bad_input_gets_a_clear_error(actual: object, expected: object, message: str) -> None:
     with pytest.raises(PrecisionInputError, match=message):
         assert_close(actual, expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_mismatch_is_reported() -> None:
+    with pytest.raises(PrecisionInputError, match="device mismatch: actual on cpu"):
+        assert_close(torch.zeros(3), torch.zeros(3, device="cuda"))
 
 
 def test_message_contents_and_length() -> None:
@@ -155,3 +170,28 @@ def test_traceback_points_at_the_caller(pytester: pytest.Pytester) -> None:
         ["*assert_close(torch.ones(3) * 2, torch.ones(3))*", "E   *FAIL under the ratio standard*"]
     )
     assert "_assertions.py" not in result.stdout.str()
+
+
+def test_cyclic_structures_are_refused() -> None:
+    cyclic: list[object] = [torch.zeros(1)]
+    cyclic.append(cyclic)
+    with pytest.raises(PrecisionInputError, match=r"\[1\]: the actual structure contains itself"):
+        assert_close(cyclic, cyclic)
+
+
+def test_reference_structure_mismatch_names_expected_and_reference() -> None:
+    with pytest.raises(PrecisionInputError, match=r"expected is Tensor.*reference is list"):
+        assert_close(torch.zeros(2), torch.zeros(2), reference=[torch.zeros(2)])
+
+
+def test_numpy_byte_order_and_read_only_arrays(recwarn: pytest.WarningsRecorder) -> None:
+    big_endian = np.arange(4, dtype=">f4")
+    read_only = np.arange(4, dtype=np.float32)
+    read_only.flags.writeable = False
+    assert_close(big_endian, read_only)
+    assert not recwarn.list
+
+
+def test_empty_values_pass_under_every_standard() -> None:
+    for standard in ("ratio", "ulp", "allclose", "exact"):
+        assert assert_close(torch.empty(0, 3), torch.empty(0, 3), standard=standard).passed

@@ -214,3 +214,41 @@ def test_error_details_locate_and_bucket() -> None:
     assert details.required_rtol == pytest.approx(0.5 - 1e-5)
     assert sum(details.histogram) == 100
     assert details.histogram[0] == 98
+
+
+def test_identical_float64_has_cosine_exactly_one() -> None:
+    t = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    assert measure(t, t.clone()).cosine == 1.0
+
+
+def test_cosine_of_overflowing_float64_is_nan_not_one() -> None:
+    m = measure(
+        torch.tensor([1e300, 1e300], dtype=torch.float64),
+        torch.tensor([1e300, -1e300], dtype=torch.float64),
+    )
+    assert math.isnan(m.cosine)
+
+
+def test_max_index_skips_non_finite_positions() -> None:
+    m = measure(torch.tensor([math.nan, 2.0, 3.0]), torch.tensor([math.nan, 2.0, 3.5]))
+    assert m.max_abs_index == (2,)
+    equal = measure(torch.tensor([math.nan, 2.0]), torch.tensor([math.nan, 2.0]))
+    assert equal.max_abs_index == (1,)
+
+
+def test_float8_statistics_and_metrics() -> None:
+    t = torch.linspace(-2, 2, 9).to(torch.float8_e5m2)
+    assert tensor_stats(t).max == 2.0
+    assert measure(t, t).max_abs_err == 0.0
+
+
+def test_error_details_with_non_finite_mismatch() -> None:
+    from pytest_precision._standards import AllClose
+
+    actual = torch.ones(10)
+    actual[:2] = torch.tensor([math.nan, math.inf])
+    rule = AllClose().rule(torch.float32)
+    details = error_details(actual, torch.ones(10), rule, rtol=1.3e-6, atol=1e-5)
+    assert details.required_atol == math.inf
+    assert sum(details.histogram) == 8  # finite pairs only
+    assert [el.index for el in details.first_mismatches] == [(0,), (1,)]

@@ -185,3 +185,27 @@ def test_allclose_agrees_with_torch_testing(pair: tuple[torch.Tensor, torch.Tens
         theirs = False
     ours = compare_tensors(actual, expected, standard="allclose").verdict == "pass"
     assert ours == theirs
+
+
+def test_integers_stay_exact_with_bare_tolerances() -> None:
+    result = compare_tensors(torch.tensor([100]), torch.tensor([101]), rtol=0.5)
+    assert result.standard.name == "exact"
+    assert result.verdict == "fail"
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_is_compared(dtype: torch.dtype) -> None:
+    expected = torch.linspace(-4, 4, 64)
+    result = compare_tensors(expected.to(dtype), expected)
+    assert result.dtype == dtype
+    assert result.standard.name == "allclose"  # no ratio tiers for float8
+    assert compare_tensors(expected.to(dtype), expected.to(dtype), standard="exact").passed
+
+
+def test_reference_standard_fails_nan_where_the_reference_is_finite() -> None:
+    t = randn(16)
+    bad = t.clone()
+    bad[3] = math.nan
+    result = compare_tensors(bad, bad.clone(), reference=t.double(), standard="reference")
+    assert result.verdict == "fail"
+    assert "float64 reference differs" in result.reason

@@ -288,31 +288,34 @@ class _ChunkPass:
         return ChunkErrors(diff, e_abs, rel, ulp, a64, e64, a, e, scratch)
 
 
-def _chunk_sums(err: ChunkErrors) -> torch.Tensor:
-    """ae, aa, ee, dd, sum |d|, sum rel, sum ulp of one chunk."""
-    return torch.stack(
-        [
-            torch.dot(err.actual, err.expected),
-            torch.dot(err.actual, err.actual),
-            torch.dot(err.expected, err.expected),
-            torch.dot(err.abs_err, err.abs_err),
-            err.abs_err.sum(),
-            err.rel_err.sum(),
-            err.ulp_err.sum(),
-        ]
-    )
+def _chunk_sums(err: ChunkErrors, out: torch.Tensor) -> None:
+    """ae, aa, ee, dd, sum |d|, sum rel, sum ulp of one chunk, written into ``out``."""
+    torch.dot(err.actual, err.expected, out=out[0])
+    torch.dot(err.actual, err.actual, out=out[1])
+    torch.dot(err.expected, err.expected, out=out[2])
+    torch.dot(err.abs_err, err.abs_err, out=out[3])
+    torch.sum(err.abs_err, dim=0, out=out[4])
+    torch.sum(err.rel_err, dim=0, out=out[5])
+    torch.sum(err.ulp_err, dim=0, out=out[6])
 
 
 def _count(mask: torch.Tensor) -> torch.Tensor:
     return mask.sum(dtype=torch.int32)
 
 
-def _count_above(values: torch.Tensor, limit: float) -> torch.Tensor:
-    """Elements above ``limit``; the comparison is skipped when the maximum is not above it
-    (comparisons cost four times a reduction, and close tensors rarely need them)."""
-    if values.numel() == 0 or not bool(values.amax() > limit):
-        return torch.zeros((), dtype=torch.int32, device=values.device)
-    return _count(values > limit)
+def _count_exceedances(exceedances: Sequence[Exceedance]) -> torch.Tensor:
+    """Elements above each limit. A comparison is skipped when the values' maximum is not above
+    the limit (comparisons cost four times a reduction, and close tensors rarely need them)."""
+    counts = []
+    maxima: dict[int, float] = {}
+    for values, limit in exceedances:
+        if id(values) not in maxima:
+            maxima[id(values)] = float(values.amax()) if values.numel() else -math.inf
+        if maxima[id(values)] > limit:
+            counts.append(_count(values > limit))
+        else:
+            counts.append(torch.zeros((), dtype=torch.int32, device=values.device))
+    return torch.stack(counts)
 
 
 def _nonfinite_counts(t: torch.Tensor) -> list[torch.Tensor]:
@@ -342,6 +345,7 @@ def measure(
     flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
     work = _ChunkPass(dtype, device, min(chunk_numel, max(numel, 1)))
     sums = torch.zeros(7, dtype=torch.float64, device=device)  # ae aa ee dd |d| rel ulp
+    partial = torch.empty_like(sums)
     counts = torch.zeros(3, dtype=torch.int64, device=device)  # >1e-3, >5e-3, union non-finite
     nonfinite = torch.zeros(7, dtype=torch.int64, device=device)  # a: nan +inf -inf, e: ..., mism
     rule_counts: torch.Tensor | None = None
@@ -353,8 +357,8 @@ def measure(
     for chunk, start in enumerate(range(0, numel, chunk_numel)):
         a, e = chunk_of(flat_a, start, chunk_numel), chunk_of(flat_e, start, chunk_numel)
         err = work.errors(a, e, None)
-        partial = _chunk_sums(err)
-        if not bool(torch.isfinite(partial[1] + partial[2])):
+        _chunk_sums(err, partial)
+        if not math.isfinite(float(partial[1] + partial[2])):
             # Rare path: non-finite input (or float64 overflow); redo the chunk masked.
             finite = torch.isfinite(a) & torch.isfinite(e)
             not_finite = ~finite
@@ -364,7 +368,7 @@ def measure(
             )
             counts[2] += _count(not_finite)
             err = work.errors(a, e, finite)
-            partial = _chunk_sums(err)
+            _chunk_sums(err, partial)
         sums += partial
         torch.amax(err.abs_err, dim=0, out=maxima[chunk, 0])
         torch.amax(err.rel_err, dim=0, out=maxima[chunk, 1])
@@ -373,7 +377,7 @@ def measure(
             counts[0] += _count(err.rel_err > THOUSANDTH)
             counts[1] += _count(err.rel_err > FIVE_THOUSANDTH)
         if rule is not None:
-            found = torch.stack([_count_above(v, limit) for v, limit in rule.exceedances(err)])
+            found = _count_exceedances(rule.exceedances(err))
             if rule_counts is None:
                 rule_counts = found.to(torch.int64)
             else:

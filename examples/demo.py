@@ -1,7 +1,63 @@
-"""The worked example: placeholder replaced as capabilities land."""
+"""The worked example: is this difference noise or a bug?
+
+A causal attention block runs in bfloat16 on two "devices" that round in a different order
+(the golden run scales the scores, the target run scales q first, as fused kernels do). Their
+outputs differ by a few bf16 ULPs: harmless noise. Then the target gets a real bug (softmax
+scale 1/d instead of 1/sqrt(d)) and, separately, one corrupted element (a broken kernel lane).
+
+The plain ratio standard judges one rounding and cannot tell a few ULPs of accumulated noise
+from a bug; the reference standard can: it measures both runs against a float64 computation
+and accepts the target when its error is at most k times the golden run's own error.
+"""
 
 from __future__ import annotations
 
-import pytest_precision
+import math
 
-print(f"pytest-precision {pytest_precision.__version__}")
+import torch
+
+from pytest_precision import assert_close, compare_tensors
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, fused: bool) -> torch.Tensor:
+    scale = 1 / math.sqrt(q.shape[-1])
+    scores = (q * scale) @ k.transpose(-1, -2) if fused else (q @ k.transpose(-1, -2)) * scale
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def attention_scale_bug(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return attention(q * (1 / math.sqrt(q.shape[-1])), k, v, fused=True)  # scales twice: 1/d
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(4, 64, 32, generator=gen).bfloat16() for _ in range(3))
+    reference = attention(q.double(), k.double(), v.double(), fused=False)
+    golden = attention(q, k, v, fused=False)
+
+    corrupted = attention(q, k, v, fused=True)
+    corrupted[2, 17, 5] += 1.0
+    cases = {
+        "target run (rounding noise)": attention(q, k, v, fused=True),
+        "target with a softmax scale bug": attention_scale_bug(q, k, v),
+        "target with one corrupted element": corrupted,
+    }
+    for title, out in cases.items():
+        ratio = compare_tensors(out, golden)
+        print(f"== {title}")
+        print(f"   ratio standard:     {ratio.verdict.upper():4}  cosine {ratio.cosine:.6f}")
+        try:
+            result = assert_close(
+                out, golden, reference=reference, standard="reference", name="attn_out"
+            )
+            print(f"   reference standard: PASS  {result.items[0].comparison.reason}")
+        except AssertionError as failure:
+            print("   reference standard: FAIL, report:")
+            print("\n".join("     " + line for line in str(failure).splitlines()))
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -24,3 +24,7 @@ class DumpFormatError(PrecisionError, ValueError):
         self.path = os.fspath(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
+
+
+class PrecisionWarning(UserWarning):
+    """A comparison landed in a standard's ``warn`` tier: not a failure, but worth a look."""

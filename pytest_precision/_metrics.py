@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -18,11 +18,30 @@ import torch
 CHUNK_NUMEL = 1 << 18
 
 
+#: Float dtypes most torch kernels lack (isfinite, aminmax, ==): read as float32, exactly.
+_WIDENED: frozenset[torch.dtype] = frozenset(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+)
+
+
+def flatten_detached(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a flat, detached tensor: a view when contiguous, else one copy in its own dtype."""
+    return t.detach().reshape(-1)
+
+
+def chunk_of(flat: torch.Tensor, start: int, chunk_numel: int) -> torch.Tensor:
+    """Elements ``start:start + chunk_numel`` of a flat tensor, widened if kernels need it."""
+    chunk = flat[start : start + chunk_numel]
+    return chunk.float() if chunk.dtype in _WIDENED else chunk
+
+
 def iter_flat_chunks(t: torch.Tensor, chunk_numel: int = CHUNK_NUMEL) -> Iterator[torch.Tensor]:
-    """Yield consecutive 1-d views of ``t`` (a contiguous copy is made only for strided input)."""
-    flat = t.reshape(-1)
+    """Yield consecutive 1-d chunks of ``t`` (see :func:`flatten_detached`, :func:`chunk_of`)."""
+    flat = flatten_detached(t)
     for start in range(0, flat.numel(), chunk_numel):
-        yield flat[start : start + chunk_numel]
+        yield chunk_of(flat, start, chunk_numel)
 
 
 @dataclass(frozen=True)
@@ -68,7 +87,8 @@ def _float64_copy(chunk: torch.Tensor) -> torch.Tensor:
 
 
 def _with_reduction_kernels(chunk: torch.Tensor) -> torch.Tensor:
-    """``chunk`` in a dtype torch can reduce, exactly: float8 as float32, uint16/32 as int64."""
+    """``chunk`` in a dtype torch can reduce, exactly: the float8 formats ``chunk_of`` leaves
+    alone (e8m0) as float32, uint16/32 as int64."""
     if chunk.is_floating_point() and chunk.element_size() == 1:
         return chunk.to(torch.float32)
     if chunk.dtype in (torch.uint16, torch.uint32):
@@ -91,7 +111,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     hi = -math.inf
     nan = posinf = neginf = 0
     floating = t.is_floating_point()
-    for chunk in iter_flat_chunks(t.detach()):
+    for chunk in iter_flat_chunks(t):
         chunk = _with_reduction_kernels(chunk)
         c64 = _float64_copy(chunk)
         c_total = float(c64.sum())
@@ -125,4 +145,495 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         posinf_count=posinf,
         neginf_count=neginf,
         numel=numel,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Error metrics of one tensor against another
+# --------------------------------------------------------------------------------------------
+
+#: (precision in bits including the implicit one, minimum normal exponent) per float dtype.
+FLOAT_FORMATS: dict[torch.dtype, tuple[int, int]] = {
+    torch.float64: (53, -1022),
+    torch.float32: (24, -126),
+    torch.float16: (11, -14),
+    torch.bfloat16: (8, -126),
+}
+for _name, _fmt in {
+    "float8_e4m3fn": (4, -6),
+    "float8_e4m3fnuz": (4, -7),
+    "float8_e5m2": (3, -14),
+    "float8_e5m2fnuz": (3, -15),
+}.items():
+    if hasattr(torch, _name):
+        FLOAT_FORMATS[getattr(torch, _name)] = _fmt
+
+#: Relative-error thresholds behind ``thousandth_ratio`` and ``five_thousandth_ratio``.
+THOUSANDTH = 1e-3
+FIVE_THOUSANDTH = 5e-3
+
+#: Upper edges of the relative-error histogram buckets (by decade); a last bucket holds the rest.
+HISTOGRAM_EDGES: tuple[float, ...] = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+
+def precision_bits(dtype: torch.dtype) -> int:
+    """Significand bits (with the implicit bit) of a float dtype; 53 for integers and bools."""
+    return FLOAT_FORMATS.get(dtype, FLOAT_FORMATS[torch.float64])[0]
+
+
+def lower_precision(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """The dtype with fewer significand bits (the one whose rounding dominates)."""
+    return a if precision_bits(a) <= precision_bits(b) else b
+
+
+@dataclass
+class ChunkErrors:
+    """Float64 per-element errors of one chunk, as seen by a standard's elementwise rule.
+
+    ``scratch`` is a float64 work buffer of the chunk's size that rules may overwrite.
+
+    Elements where either side is non-finite are zeroed in every field (they are judged
+    separately), so rules only see finite values.
+    """
+
+    abs_err: torch.Tensor
+    expected_abs: torch.Tensor
+    rel_err: torch.Tensor
+    ulp_err: torch.Tensor
+    actual: torch.Tensor
+    expected: torch.Tensor
+    raw_actual: torch.Tensor
+    raw_expected: torch.Tensor
+    scratch: torch.Tensor
+
+
+#: A per-element quantity and the limit above which an element counts.
+Exceedance = tuple[torch.Tensor, float]
+
+
+class ElementRule:
+    """Per-element classification supplied by a standard.
+
+    ``exceedances`` returns (values, limit) pairs for a chunk; an element counts where its value
+    is above the limit. The first pair marks mismatches (elements outside the tolerance); any
+    further pairs are counters the standard interprets (tiers, guards). Values may live in
+    ``errors.scratch`` only for the last pair that uses it.
+    """
+
+    def exceedances(self, errors: ChunkErrors) -> Sequence[Exceedance]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """Counts of non-finite elements in one tensor."""
+
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.nan + self.posinf + self.neginf
+
+
+@dataclass(frozen=True)
+class ErrorMetrics:
+    """Error metrics of ``actual`` against ``expected``, all computed in float64.
+
+    Relative error is ``|actual - expected| / |expected|``; where expected is exactly 0 it is
+    0 if actual is 0 too, else ``inf`` (standards that must tolerate tiny expected values apply
+    their own small-value rule). ULP errors are in units of last place of ``dtype`` (the lower
+    precision of the two inputs) at the expected value. Elements non-finite on either side are
+    left out of every numeric metric; they count as mismatches unless both sides hold the same
+    value (NaN and NaN, or the same infinity). Cosine is 1 when both sides are all zero and 0
+    when only one is. Indices are in the tensors' own shape.
+    """
+
+    shape: tuple[int, ...]
+    numel: int
+    finite_count: int
+    actual_dtype: torch.dtype
+    expected_dtype: torch.dtype
+    dtype: torch.dtype
+    cosine: float
+    max_abs_err: float
+    max_abs_index: tuple[int, ...] | None
+    max_rel_err: float
+    max_rel_index: tuple[int, ...] | None
+    mean_abs_err: float
+    mean_rel_err: float
+    rmse: float
+    sqnr_db: float
+    thousandth_ratio: float
+    five_thousandth_ratio: float
+    max_ulp: float
+    mean_ulp: float
+    expected_rms: float
+    actual_nonfinite: NonFinite
+    expected_nonfinite: NonFinite
+    nonfinite_mismatch_count: int
+    mismatch_count: int
+    rule_counts: tuple[int, ...]
+
+    @property
+    def nonfinite_positions_agree(self) -> bool:
+        return self.nonfinite_mismatch_count == 0
+
+    @property
+    def mismatch_ratio(self) -> float:
+        return self.mismatch_count / self.numel if self.numel else 0.0
+
+
+_EXPONENT_BITS = 0x7FF << 52
+
+
+class _ChunkPass:
+    """Float64 work buffers and the per-chunk error computation shared by every pass."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device, chunk_numel: int) -> None:
+        bits, emin = FLOAT_FORMATS.get(dtype, FLOAT_FORMATS[torch.float64])
+        # The ULP of x in ``dtype`` is 2 ** (exponent(x) - bits + 1), floored at the spacing of
+        # the subnormal range; as float64 bit patterns that is a shift of the exponent field.
+        # (Float64 ULPs are floored at 2 ** -1022, the smallest normal float64.)
+        self._ulp_offset = (bits - 1) << 52
+        self._min_ulp_bits = max(emin + 1023 - (bits - 1), 1) << 52
+        f64 = {"dtype": torch.float64, "device": device}
+        self._buffers = [torch.empty(chunk_numel, **f64) for _ in range(6)]
+        self._ulp_bits = torch.empty(chunk_numel, dtype=torch.int64, device=device)
+
+    def errors(self, a: torch.Tensor, e: torch.Tensor, finite: torch.Tensor | None) -> ChunkErrors:
+        """Errors of one chunk; ``finite`` (if given) masks the elements finite on both sides."""
+        n = a.numel()
+        a64, e64, diff, e_abs, rel, scratch = (buf[:n] for buf in self._buffers)
+        ulp_bits = self._ulp_bits[:n]
+        a64.copy_(a)
+        e64.copy_(e)
+        if finite is not None:
+            a64.masked_fill_(~finite, 0.0)
+            e64.masked_fill_(~finite, 0.0)
+        torch.sub(a64, e64, out=diff).abs_()
+        torch.abs(e64, out=e_abs)
+        torch.div(diff, e_abs, out=rel).nan_to_num_(nan=0.0, posinf=math.inf)
+        torch.bitwise_and(e_abs.view(torch.int64), _EXPONENT_BITS, out=ulp_bits)
+        ulp_bits.sub_(self._ulp_offset).clamp_(min=self._min_ulp_bits)
+        ulp = ulp_bits.view(torch.float64)
+        torch.div(diff, ulp, out=ulp)
+        return ChunkErrors(diff, e_abs, rel, ulp, a64, e64, a, e, scratch)
+
+
+def _chunk_sums(err: ChunkErrors, out: torch.Tensor) -> None:
+    """ae, aa, ee, dd, sum |d|, sum rel, sum ulp of one chunk, written into ``out``."""
+    torch.dot(err.actual, err.expected, out=out[0])
+    torch.dot(err.actual, err.actual, out=out[1])
+    torch.dot(err.expected, err.expected, out=out[2])
+    torch.dot(err.abs_err, err.abs_err, out=out[3])
+    torch.sum(err.abs_err, dim=0, out=out[4])
+    torch.sum(err.rel_err, dim=0, out=out[5])
+    torch.sum(err.ulp_err, dim=0, out=out[6])
+
+
+def _count(mask: torch.Tensor) -> torch.Tensor:
+    return mask.sum(dtype=torch.int32)
+
+
+def _count_exceedances(exceedances: Sequence[Exceedance]) -> torch.Tensor:
+    """Elements above each limit. A comparison is skipped when the values' maximum is not above
+    the limit (comparisons cost four times a reduction, and close tensors rarely need them)."""
+    counts = []
+    maxima: dict[int, float] = {}
+    for values, limit in exceedances:
+        if id(values) not in maxima:
+            maxima[id(values)] = float(values.amax()) if values.numel() else -math.inf
+        if maxima[id(values)] > limit:
+            counts.append(_count(values > limit))
+        else:
+            counts.append(torch.zeros((), dtype=torch.int32, device=values.device))
+    return torch.stack(counts)
+
+
+def _nonfinite_counts(t: torch.Tensor) -> list[torch.Tensor]:
+    return [_count(torch.isnan(t)), _count(t == math.inf), _count(t == -math.inf)]
+
+
+def measure(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    rule: ElementRule | None = None,
+    *,
+    chunk_numel: int | None = None,
+) -> ErrorMetrics:
+    """Compute :class:`ErrorMetrics` of two same-shape float tensors on the same device.
+
+    One streaming pass over flat chunks accumulates sums, maxima and counts as float64 device
+    scalars (a few scalar host syncs per chunk decide whether the rare paths are needed); a
+    second look at the single chunk holding each maximum recovers its index. Strided inputs
+    are copied once, in their own dtype; float8 chunks are widened to float32 (exactly).
+    """
+    dtype = lower_precision(actual.dtype, expected.dtype)
+    device = actual.device
+    if chunk_numel is None:
+        chunk_numel = CHUNK_NUMEL if device.type == "cpu" else 1 << 22
+    numel = actual.numel()
+    shape = tuple(actual.shape)
+    flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
+    work = _ChunkPass(dtype, device, min(chunk_numel, max(numel, 1)))
+    sums = torch.zeros(7, dtype=torch.float64, device=device)  # ae aa ee dd |d| rel ulp
+    partial = torch.empty_like(sums)
+    counts = torch.zeros(3, dtype=torch.int64, device=device)  # >1e-3, >5e-3, union non-finite
+    nonfinite = torch.zeros(7, dtype=torch.int64, device=device)  # a: nan +inf -inf, e: ..., mism
+    rule_counts: torch.Tensor | None = None
+    # Accumulators are allocated up front: small tensors kept alive between the per-chunk
+    # temporaries would fragment the heap and grow the resident memory chunk after chunk.
+    num_chunks = -(-numel // chunk_numel)
+    maxima = torch.zeros(num_chunks, 3, dtype=torch.float64, device=device)  # |d| rel ulp
+
+    for chunk, start in enumerate(range(0, numel, chunk_numel)):
+        a, e = chunk_of(flat_a, start, chunk_numel), chunk_of(flat_e, start, chunk_numel)
+        err = work.errors(a, e, None)
+        _chunk_sums(err, partial)
+        if not math.isfinite(float(partial[1] + partial[2])):
+            # Rare path: non-finite input (or float64 overflow); redo the chunk masked.
+            finite = torch.isfinite(a) & torch.isfinite(e)
+            not_finite = ~finite
+            same = (a == e) | (torch.isnan(a) & torch.isnan(e))
+            nonfinite += torch.stack(
+                [*_nonfinite_counts(a), *_nonfinite_counts(e), _count(not_finite & ~same)]
+            )
+            counts[2] += _count(not_finite)
+            err = work.errors(a, e, finite)
+            _chunk_sums(err, partial)
+        sums += partial
+        torch.amax(err.abs_err, dim=0, out=maxima[chunk, 0])
+        torch.amax(err.rel_err, dim=0, out=maxima[chunk, 1])
+        torch.amax(err.ulp_err, dim=0, out=maxima[chunk, 2])
+        if maxima[chunk, 1] > THOUSANDTH:
+            counts[0] += _count(err.rel_err > THOUSANDTH)
+            counts[1] += _count(err.rel_err > FIVE_THOUSANDTH)
+        if rule is not None:
+            found = _count_exceedances(rule.exceedances(err))
+            if rule_counts is None:
+                rule_counts = found.to(torch.int64)
+            else:
+                rule_counts += found
+
+    s = sums.tolist()
+    over_thousandth, over_five_thousandth, nonfinite_union = counts.tolist()
+    nf = nonfinite.tolist()
+    finite_count = numel - nonfinite_union
+    if rule is not None and rule_counts is None:  # no chunk at all: every counter is zero
+        empty = flat_a[:0]
+        rule_counts = torch.zeros(len(rule.exceedances(work.errors(empty, empty, None))))
+    rules = tuple(int(c) for c in rule_counts.tolist()) if rule_counts is not None else ()
+    max_abs, abs_index = _max_and_index(maxima, 0, flat_a, flat_e, shape, work, chunk_numel)
+    max_rel, rel_index = _max_and_index(maxima, 1, flat_a, flat_e, shape, work, chunk_numel)
+    max_ulp = float(maxima[:, 2].max()) if num_chunks else 0.0
+    per_element = max(finite_count, 1)
+    mismatches = (rules[0] if rules else 0) + nf[6]
+    return ErrorMetrics(
+        shape=shape,
+        numel=numel,
+        finite_count=finite_count,
+        actual_dtype=actual.dtype,
+        expected_dtype=expected.dtype,
+        dtype=dtype,
+        cosine=_cosine(s[0], s[1], s[2], s[3]),
+        max_abs_err=max_abs,
+        max_abs_index=abs_index,
+        max_rel_err=max_rel,
+        max_rel_index=rel_index,
+        mean_abs_err=s[4] / per_element,
+        mean_rel_err=s[5] / per_element,
+        rmse=math.sqrt(s[3] / per_element),
+        sqnr_db=_sqnr_db(s[2], s[3]),
+        thousandth_ratio=1.0 - over_thousandth / per_element if finite_count else 1.0,
+        five_thousandth_ratio=1.0 - over_five_thousandth / per_element if finite_count else 1.0,
+        max_ulp=max_ulp,
+        mean_ulp=s[6] / per_element,
+        expected_rms=math.sqrt(s[2] / per_element),
+        actual_nonfinite=NonFinite(*nf[0:3]),
+        expected_nonfinite=NonFinite(*nf[3:6]),
+        nonfinite_mismatch_count=nf[6],
+        mismatch_count=mismatches,
+        rule_counts=rules,
+    )
+
+
+def _max_and_index(
+    maxima: torch.Tensor,
+    column: int,
+    flat_a: torch.Tensor,
+    flat_e: torch.Tensor,
+    shape: tuple[int, ...],
+    work: _ChunkPass,
+    chunk_numel: int,
+) -> tuple[float, tuple[int, ...] | None]:
+    """The maximum of one per-element error and the first index, among the elements finite on
+    both sides, where it occurs."""
+    if not maxima.numel():
+        return 0.0, None
+    values = maxima[:, column]
+    best = float(values.max())
+    chunk = int(torch.nonzero(values == best)[0, 0])
+    start = chunk * chunk_numel
+    a, e = chunk_of(flat_a, start, chunk_numel), chunk_of(flat_e, start, chunk_numel)
+    finite = torch.isfinite(a) & torch.isfinite(e)
+    all_finite = bool(finite.all())
+    err = work.errors(a, e, None if all_finite else finite)
+    per_element = (err.abs_err, err.rel_err)[column]
+    if not all_finite:
+        per_element = per_element.masked_fill(~finite, -1.0)
+    found = torch.nonzero(per_element == best)
+    if not found.numel():  # nothing finite at all
+        return best, None
+    return best, _unravel(start + int(found[0, 0]), shape)
+
+
+def _cosine(ae: float, aa: float, ee: float, dd: float) -> float:
+    if dd == 0.0:  # equal on every finite element
+        return 1.0
+    if aa == 0.0 or ee == 0.0:
+        return 1.0 if aa == ee else 0.0
+    norms = math.sqrt(aa * ee)
+    if not 0.0 < norms < math.inf:  # the product over- or underflowed
+        norms = math.sqrt(aa) * math.sqrt(ee)
+    cosine = ae / norms
+    if not math.isfinite(cosine):  # float64 sums overflowed: no honest value
+        return math.nan
+    return max(-1.0, min(1.0, cosine))
+
+
+def _sqnr_db(signal: float, noise: float) -> float:
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def _ravel(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    flat = 0
+    for i, size in zip(index, shape, strict=True):
+        flat = flat * size + i
+    return flat
+
+
+def _unravel(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        flat_index, rem = divmod(flat_index, size)
+        index.append(rem)
+    return tuple(reversed(index))
+
+
+# --------------------------------------------------------------------------------------------
+# Failure details: a second pass, run only when a report is needed
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Element:
+    """One element of a comparison, for reports."""
+
+    index: tuple[int, ...]
+    actual: float
+    expected: float
+    abs_err: float
+    rel_err: float
+
+
+@dataclass(frozen=True)
+class ErrorDetails:
+    """What a failure report shows beyond the metrics.
+
+    ``histogram`` counts elements per relative-error bucket: exactly 0, then up to each of
+    ``HISTOGRAM_EDGES[1:]``, then above the last edge (including inf); only pairs finite on both
+    sides are counted. ``required_atol`` is the
+    smallest atol that passes every element at the given rtol; ``required_rtol`` the smallest
+    rtol at the given atol (inf when an element with expected 0 exceeds atol, and both inf when
+    non-finite values differ).
+    """
+
+    first_mismatches: tuple[Element, ...]
+    worst: tuple[Element, ...]
+    requested: tuple[Element, ...]
+    histogram: tuple[int, ...]
+    required_atol: float
+    required_rtol: float
+
+
+def error_details(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    rule: ElementRule,
+    *,
+    rtol: float,
+    atol: float,
+    k: int = 5,
+    indices: Sequence[tuple[int, ...]] = (),
+    chunk_numel: int | None = None,
+) -> ErrorDetails:
+    """Locate the first ``k`` mismatches and the ``k`` largest absolute errors, bucket the
+    relative errors by decade and find the tolerances that would have passed. The elements at
+    ``indices`` (say, those of the greatest errors) are returned in ``requested``."""
+    dtype = lower_precision(actual.dtype, expected.dtype)
+    device = actual.device
+    if chunk_numel is None:
+        chunk_numel = CHUNK_NUMEL if device.type == "cpu" else 1 << 22
+    work = _ChunkPass(dtype, device, min(chunk_numel, max(actual.numel(), 1)))
+    edges = torch.tensor(HISTOGRAM_EDGES, dtype=torch.float64, device=device)
+    histogram = torch.zeros(len(HISTOGRAM_EDGES) + 1, dtype=torch.int64, device=device)
+    first: list[int] = []
+    worst_values = torch.empty(0, dtype=torch.float64, device=device)
+    worst_index = torch.empty(0, dtype=torch.int64, device=device)
+    need_atol = torch.zeros((), dtype=torch.float64, device=device)
+    need_rtol = torch.zeros((), dtype=torch.float64, device=device)
+    flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
+    nonfinite_mismatch = False
+    for start in range(0, flat_a.numel(), chunk_numel):
+        a, e = chunk_of(flat_a, start, chunk_numel), chunk_of(flat_e, start, chunk_numel)
+        finite = torch.isfinite(a) & torch.isfinite(e)
+        all_finite = bool(finite.all())
+        err = work.errors(a, e, None if all_finite else finite)
+        values, limit = rule.exceedances(err)[0]
+        mismatch = values > limit
+        rel_err = err.rel_err
+        if not all_finite:
+            same = (a == e) | (torch.isnan(a) & torch.isnan(e))
+            bad = ~finite & ~same
+            nonfinite_mismatch = nonfinite_mismatch or bool(bad.any())
+            mismatch = mismatch | bad
+            rel_err = rel_err[finite]  # the histogram counts finite pairs only
+        if len(first) < k:
+            found = torch.nonzero(mismatch)[: k - len(first), 0]
+            first.extend(start + i for i in found.tolist())
+        top = torch.topk(err.abs_err, min(k, a.numel()))
+        worst_values = torch.cat([worst_values, top.values])
+        worst_index = torch.cat([worst_index, top.indices + start])
+        keep = torch.topk(worst_values, min(k, worst_values.numel()))
+        worst_values, worst_index = keep.values, worst_index[keep.indices]
+        histogram += torch.bincount(torch.bucketize(rel_err, edges), minlength=histogram.numel())
+        need_atol = torch.maximum(need_atol, (err.abs_err - rtol * err.expected_abs).amax())
+        need_rtol = torch.maximum(
+            need_rtol,
+            ((err.abs_err - atol).clamp_(min=0) / err.expected_abs)
+            .nan_to_num_(nan=0.0, posinf=math.inf)
+            .amax(),
+        )
+    shape = tuple(actual.shape)
+
+    def element(flat: int) -> Element:
+        a, e = float(flat_a[flat]), float(flat_e[flat])
+        d = abs(a - e) if math.isfinite(a) and math.isfinite(e) else math.nan
+        rel = d / abs(e) if e else (0.0 if d == 0 else math.inf)
+        return Element(_unravel(flat, shape), a, e, d, rel)
+
+    return ErrorDetails(
+        first_mismatches=tuple(element(i) for i in first),
+        worst=tuple(element(i) for i in worst_index.tolist()),
+        requested=tuple(element(_ravel(i, shape)) for i in indices),
+        histogram=tuple(histogram.tolist()),
+        # No tolerance admits a non-finite mismatch.
+        required_atol=math.inf if nonfinite_mismatch else max(float(need_atol), 0.0),
+        required_rtol=math.inf if nonfinite_mismatch else float(need_rtol),
     )

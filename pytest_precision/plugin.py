@@ -5,14 +5,30 @@ Hooks appear in pytest's lifecycle order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
-if TYPE_CHECKING:
-    import pytest
+import pytest
+
+from ._determinism import DEFAULT_SEED, SeedHandle, derive_seed, seed_all
+from ._devices import backends
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("precision", "numerical precision (pytest-precision)")
+    group = parser.getgroup("precision", "numerical precision (pytest-precision)")
+    group.addoption(
+        "--precision-seed",
+        type=int,
+        default=DEFAULT_SEED,
+        metavar="N",
+        help="session seed; each test's seed derives from it and the test's node id "
+        f"(default {DEFAULT_SEED})",
+    )
+    parser.addini(
+        "precision_autoseed",
+        type="bool",
+        default=False,
+        help="seed every test as if it requested the `seeded` fixture",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -20,3 +36,52 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "precision(standard=None, rtol=None, atol=None): tolerance for this test's comparisons",
     )
+    if config.getini("precision_autoseed"):
+        config.pluginmanager.register(_AutoSeed(), "precision-autoseed")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [f"precision: session seed {config.getoption('precision_seed')}"]
+    for backend in backends():
+        available, reason = backend.is_available()
+        if available:
+            versions = ", ".join(f"{name} {value}" for name, value in backend.versions().items())
+            lines.append(f"precision device {backend.name}: {backend.device_name()} ({versions})")
+        else:
+            lines.append(f"precision device {backend.name}: not available ({reason})")
+    return lines
+
+
+def _test_seed(request: pytest.FixtureRequest) -> int:
+    session_seed = request.config.getoption("precision_seed")
+    seed = derive_seed(session_seed, request.node.nodeid)
+    request.node.add_report_section(
+        "setup", "precision seed", f"{seed} (from --precision-seed {session_seed})"
+    )
+    return seed
+
+
+@pytest.fixture
+def seeded(request: pytest.FixtureRequest) -> Iterator[SeedHandle]:
+    """Seed Python, numpy, torch and every device with this test's seed, dropout removed.
+
+    The seed derives from ``--precision-seed`` and the test's node id only, so it is the same
+    in any order and under xdist. Everything is restored after the test.
+    """
+    with seed_all(_test_seed(request), deterministic=False) as handle:
+        yield handle
+
+
+@pytest.fixture
+def deterministic(request: pytest.FixtureRequest) -> Iterator[SeedHandle]:
+    """Like ``seeded``, plus deterministic algorithms and the determinism env vars."""
+    with seed_all(_test_seed(request), deterministic=True) as handle:
+        yield handle
+
+
+class _AutoSeed:
+    """Registered only when the ``precision_autoseed`` ini switch is on."""
+
+    @pytest.fixture(autouse=True)
+    def _precision_autoseed(self, seeded: SeedHandle) -> SeedHandle:
+        return seeded

@@ -13,11 +13,9 @@ A dump counts as complete only when the manifest says so and every listed rank h
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 import os
-import platform
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,10 +35,6 @@ MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
 RANK_DONE = "rank.json"
 SHARD_PATTERN = re.compile(r"shard-\d{5}\.safetensors")
-
-#: Environment variables that change numerics or determinism; recorded in every manifest.
-_PRECISION_ENV_PREFIXES = ("ASCEND_", "HCCL_", "CUBLAS_", "CUDNN_", "NVIDIA_TF32", "TORCH_", "OMP_")
-_PRECISION_ENV_NAMES = ("PYTHONHASHSEED", "CUDA_LAUNCH_BLOCKING", "MKL_NUM_THREADS")
 
 
 def rank_dir(root: Path, rank: int) -> Path:
@@ -132,41 +126,15 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _environment() -> dict[str, Any]:
-    """What the numerics of a run depend on, beyond the model and its input."""
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "torch_npu": _package_version("torch_npu"),
-        "cann": os.environ.get("ASCEND_TOOLKIT_HOME"),
-        "devices": [],
+def numerics_settings() -> dict[str, Any]:
+    """Process settings that change results but are not part of the environment fingerprint."""
+    return {
         "seed": torch.initial_seed(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "num_threads": torch.get_num_threads(),
-        "env": {
-            key: value
-            for key, value in sorted(os.environ.items())
-            if key.startswith(_PRECISION_ENV_PREFIXES) or key in _PRECISION_ENV_NAMES
-        },
     }
-    if torch.cuda.is_available():
-        env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return env
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ class Record:
     rank: int = 0
     step: int = 0
     loader: Callable[[], torch.Tensor] | None = field(default=None, repr=False)
+    #: content checksum recorded by the dumper (msprobe's md5 task stores a CRC32 hex string)
+    checksum: str | None = None
 
     @property
     def key(self) -> str:

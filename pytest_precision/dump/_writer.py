@@ -20,6 +20,7 @@ from typing import Any, TextIO
 import torch
 from safetensors.torch import load, save, save_file
 
+from .._devices import environment_fingerprint
 from .._errors import PrecisionError
 from .._metrics import TensorStats, tensor_stats
 from .._version import __version__
@@ -29,9 +30,9 @@ from ._native import (
     RANK_DONE,
     RECORDS,
     SCHEMA_VERSION,
-    _environment,
     dumps_line,
     encode_stats,
+    numerics_settings,
     rank_dir,
     write_json_atomic,
 )
@@ -204,7 +205,8 @@ class DumpWriter:
                 "world_size": self.world_size,
                 "ranks": list(range(self.world_size)),
                 "steps": sorted(self.steps),
-                "environment": _environment(),
+                "environment": environment_fingerprint(),
+                "numerics": numerics_settings(),
             },
         )
 

@@ -1,0 +1,96 @@
+"""Throughput of the comparison metrics against named baselines.
+
+Compares two 256 MB float32 tensors and prints GB/s of input read for:
+  * pytest_precision.compare_tensors (all float64 metrics + the default standard),
+  * torch.testing.assert_close (the baseline users know),
+  * a plain numpy sum over both tensors (the memory-read ceiling),
+plus the peak extra resident memory of our metrics pass.
+
+    python benchmarks/compare_throughput.py [--mb 256] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from pytest_precision import compare_tensors
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no VmRSS")
+
+
+class PeakRss:
+    """Polls the resident set size in a thread; ``extra`` is the peak above the start."""
+
+    def __enter__(self) -> PeakRss:
+        self.start = self.peak = _rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_bytes())
+            time.sleep(0.0005)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.start
+
+
+def best_time(fn: Callable[[], object], repeat: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=256, help="size of each tensor in MB")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    n = args.mb * 2**20 // 4
+    gen = torch.Generator().manual_seed(0)
+    expected = torch.randn(n, generator=gen)
+    actual = expected.clone()
+    actual.mul_(1 + 1e-7)  # close under every standard, so no path short-circuits
+    read_gb = 2 * n * 4 / 1e9
+
+    with PeakRss() as rss:
+        ours = best_time(lambda: compare_tensors(actual, expected), args.repeat)
+    theirs = best_time(lambda: torch.testing.assert_close(actual, expected), args.repeat)
+    a_np, e_np = actual.numpy(), expected.numpy()
+    read = best_time(lambda: (a_np.sum(), e_np.sum()), args.repeat)
+
+    ours_gbs, theirs_gbs, read_gbs = read_gb / ours, read_gb / theirs, read_gb / read
+    print(f"inputs: 2 x {args.mb} MB float32, {torch.get_num_threads()} torch threads")
+    print(f"pytest_precision.compare_tensors  {ours_gbs:7.2f} GB/s")
+    print(f"torch.testing.assert_close        {theirs_gbs:7.2f} GB/s")
+    print(f"numpy sum over both (read)        {read_gbs:7.2f} GB/s")
+    print(f"ratio vs torch.testing: {ours_gbs / theirs_gbs:.1f}x faster")
+    print(f"ratio vs plain read:    {read_gbs / ours_gbs:.1f}x slower")
+    print(f"peak extra memory of the metrics pass: {rss.extra / 2**20:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Reader for a plain folder (or a single file) of ``.npy`` / ``.npz`` / ``.pt`` / ``.safetensors``.
+
+Such a folder has no calls, so each tensor becomes one record of kind ``File``: its ``name`` is
+the file's path relative to the folder, without the suffix (``layers/0/out`` for
+``layers/0/out.npy``); its ``slot`` is ``tensor`` for a file holding one tensor, or the key inside
+a container file (``.npz`` array name, safetensors key, dotted path in a ``.pt`` dict / list).
+Files come in natural order of their relative paths (``x2`` before ``x10``), keys within a file
+in natural order too; other files are ignored, and symlinks leading out of the folder refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._errors import DumpFormatError
+from ._records import Dump, Record
+from ._safe_io import (
+    dtype_name,
+    load_npy,
+    load_npz_array,
+    load_pt,
+    load_safetensors_tensor,
+    npy_dtype_name,
+    npy_header,
+    npz_members,
+    safetensors_header,
+)
+
+FORMAT = "plain"
+KIND = "File"
+SINGLE_SLOT = "tensor"
+SUFFIXES = (".npy", ".npz", ".pt", ".safetensors")
+
+
+def natural_key(text: str) -> tuple[str | int, ...]:
+    """Sort key that orders embedded numbers by value: ``x2`` < ``x10``."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def tensor_files(path: Path) -> list[Path]:
+    """The tensor files under ``path`` (or ``path`` itself), in natural order."""
+    if path.is_file():
+        return [path] if path.suffix in SUFFIXES else []
+    files = [f for f in path.rglob("*") if f.suffix in SUFFIXES and f.is_file()]
+    root = path.resolve()
+    for file in files:
+        if not file.resolve().is_relative_to(root):
+            raise DumpFormatError(file, f"symlink points outside the dump folder {path}")
+    return sorted(files, key=lambda f: natural_key(f.relative_to(path).as_posix()))
+
+
+def read_plain_dump(path: Path) -> Dump:
+    root = path.parent if path.is_file() else path
+    records = [record for file in tensor_files(path) for record in _file_records(file, root)]
+    return Dump(path=path, format=FORMAT, records=records)
+
+
+def _file_records(file: Path, root: Path) -> Iterator[Record]:
+    name = file.relative_to(root).with_suffix("").as_posix()
+    op = file.suffix.removeprefix(".")
+    entries: dict[str, tuple[str, tuple[int, ...], Callable[[], torch.Tensor]]] = {}
+    if file.suffix == ".npy":
+        shape, dtype = npy_header(file)
+        entries[SINGLE_SLOT] = (
+            npy_dtype_name(dtype, file),
+            shape,
+            functools.partial(load_npy, file),
+        )
+    elif file.suffix == ".npz":
+        for key, (shape, dtype) in npz_members(file).items():
+            loader = functools.partial(load_npz_array, file, key)
+            entries[key] = (npy_dtype_name(dtype, file), shape, loader)
+    elif file.suffix == ".safetensors":
+        for key, (shape, dtype_str) in safetensors_header(file).items():
+            entries[key] = (dtype_str, shape, functools.partial(load_safetensors_tensor, file, key))
+    else:
+        for key, tensor in _pt_tensors(SINGLE_SLOT, load_pt(file)):
+            loader = functools.partial(_load_pt_member, file, key)
+            entries[key.removeprefix(f"{SINGLE_SLOT}.")] = (
+                dtype_name(tensor.dtype),
+                tuple(tensor.shape),
+                loader,
+            )
+    for slot in sorted(entries, key=natural_key):
+        dtype, shape, loader = entries[slot]
+        yield Record(
+            name=name, slot=slot, kind=KIND, op=op, dtype=dtype, shape=shape, loader=loader
+        )
+
+
+def _pt_tensors(prefix: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors inside a loaded ``.pt`` object with their dotted paths; other values are skipped."""
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _pt_tensors(f"{prefix}.{key}", item)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _pt_tensors(f"{prefix}.{i}", item)
+
+
+def _load_pt_member(file: Path, key: str) -> torch.Tensor:
+    return dict(_pt_tensors(SINGLE_SLOT, load_pt(file)))[key]

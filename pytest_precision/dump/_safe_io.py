@@ -1,0 +1,217 @@
+"""Reading tensor files without ever executing code from them.
+
+``.pt`` goes only through ``torch.load(weights_only=True)``; ``.npy`` / ``.npz`` through numpy
+with ``allow_pickle=False``; safetensors through its own header-checked reader. Every failure
+becomes a :class:`DumpFormatError` naming the file, so a bad or hostile file is one clear line
+for the user, never a traceback and never a side effect. Data is memory-mapped where the format
+allows (``.npy``, zip-format ``.pt``, safetensors); mappings are copy-on-write, so a caller that
+writes to a loaded tensor never touches the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+
+from .._errors import DumpFormatError
+
+_MAX_NPY_HEADER = 10_000
+
+#: safetensors' dtype codes, by the torch dtype name used in records.
+_SAFETENSORS_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "C64": "complex64",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``bfloat16``: the spelling records use."""
+    return str(dtype).removeprefix("torch.")
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's content; a missing, unreadable or malformed file is a DumpFormatError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DumpFormatError(path, "missing") from None
+    except json.JSONDecodeError as exc:
+        raise DumpFormatError(path, f"malformed JSON: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DumpFormatError(path, f"cannot be read: {_first_line(exc)}") from None
+
+
+def load_pt(path: Path) -> Any:
+    """The object stored in a ``.pt`` file; refuses anything but tensors and plain containers."""
+    try:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            # legacy (non-zip) serialization cannot be mapped; read it whole
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch reports bad files with many exception types
+        problem = f"cannot be loaded safely as a tensor file: {_first_line(exc)}"
+        raise DumpFormatError(path, problem) from None
+
+
+def load_pt_tensor(path: Path) -> torch.Tensor:
+    value = load_pt(path)
+    if not isinstance(value, torch.Tensor):
+        raise DumpFormatError(path, f"holds a {type(value).__name__}, expected one tensor")
+    return value
+
+
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """Shape and dtype of a ``.npy`` file, after checking the file holds all its data."""
+    try:
+        with open(path, "rb") as f:
+            shape, fortran_order, dtype = _read_npy_header(f)
+            data_start = f.tell()
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise DumpFormatError(path, f"not a valid .npy file: {_first_line(exc)}") from None
+    if dtype.hasobject:
+        raise DumpFormatError(path, "holds Python objects (pickle); refused")
+    if fortran_order:
+        raise DumpFormatError(path, "Fortran-ordered arrays are not supported")
+    needed = data_start + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = os.path.getsize(path)
+    if size < needed:
+        raise DumpFormatError(path, f"truncated: {size} bytes, header promises {needed}")
+    return tuple(int(n) for n in shape), dtype
+
+
+def _read_npy_header(f: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """Shape, Fortran order and dtype from an open ``.npy`` stream; the header is never eval'd."""
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f, max_header_size=_MAX_NPY_HEADER)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(f, max_header_size=_MAX_NPY_HEADER)
+    raise ValueError(f".npy format version {version} is not supported")
+
+
+def npy_dtype_name(dtype: np.dtype[Any], path: Path) -> str:
+    """Record dtype name of a numpy dtype; 2-byte opaque (``V2``) is ml_dtypes' bfloat16."""
+    if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
+        return "bfloat16"
+    try:
+        return dtype_name(torch.from_numpy(np.empty(0, dtype=dtype)).dtype)
+    except (TypeError, ValueError):
+        raise DumpFormatError(path, f"numpy dtype {dtype.str!r} has no torch equivalent") from None
+
+
+def array_to_tensor(array: np.ndarray[Any, Any], path: Path) -> torch.Tensor:
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.fields is None:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    npy_dtype_name(array.dtype, path)
+    return torch.from_numpy(array)
+
+
+def load_npy(path: Path) -> torch.Tensor:
+    """A ``.npy`` file as a tensor, memory-mapped copy-on-write; bfloat16 from ml_dtypes' ``V2``."""
+    npy_header(path)
+    try:
+        array = np.load(path, mmap_mode="c", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise DumpFormatError(path, f"cannot be read: {_first_line(exc)}") from None
+    return array_to_tensor(array, path)
+
+
+def npz_members(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+    """Shape and dtype of every array in a ``.npz`` archive, read from the headers only."""
+    members: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with archive.open(info) as f:
+                    shape, _, dtype = _read_npy_header(f)
+                if dtype.hasobject:
+                    raise DumpFormatError(path, f"array {info.filename!r} holds Python objects")
+                members[info.filename.removesuffix(".npy")] = (tuple(shape), dtype)
+    except (OSError, ValueError, SyntaxError, zipfile.BadZipFile, EOFError) as exc:
+        raise DumpFormatError(path, f"not a valid .npz archive: {_first_line(exc)}") from None
+    return members
+
+
+def load_npz_array(path: Path, key: str) -> torch.Tensor:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            array = archive[key]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
+        raise DumpFormatError(path, f"array {key!r} cannot be read: {_first_line(exc)}") from None
+    return array_to_tensor(array, path)
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Shape and record dtype name of every tensor, after checking offsets against the file size."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if header_len > size - 8:
+                raise ValueError(f"header length {header_len} exceeds the file size {size}")
+            header = json.loads(f.read(header_len))
+    except (OSError, struct.error, ValueError) as exc:
+        raise DumpFormatError(path, f"not a valid safetensors file: {_first_line(exc)}") from None
+    if not isinstance(header, Mapping):
+        raise DumpFormatError(path, "safetensors header is not a JSON object")
+    tensors: dict[str, tuple[tuple[int, ...], str]] = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
+            shape = tuple(int(n) for n in entry["shape"])
+            _, end = (int(n) for n in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise DumpFormatError(
+                path, f"tensor {key!r}: malformed header entry {entry!r}"
+            ) from None
+        if 8 + header_len + end > size:
+            raise DumpFormatError(
+                path, f"truncated: tensor {key!r} ends at byte {8 + header_len + end} of {size}"
+            )
+        tensors[key] = (shape, dtype)
+    return tensors
+
+
+def load_safetensors_tensor(path: Path, key: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.get_tensor(key)
+    except Exception as exc:  # safetensors raises its own error type, plus OSError
+        raise DumpFormatError(path, f"tensor {key!r} cannot be read: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError
-from ._native import dtype_name, encode_value
+from ._native import encode_value
+from ._safe_io import dtype_name
 from ._writer import DumpWriter, summarize
 
 Level = Literal["module", "op", "mix"]

@@ -27,6 +27,7 @@ from safetensors import safe_open
 from .._errors import DumpFormatError
 from .._metrics import TensorStats
 from ._records import Dump, Record
+from ._safe_io import load_safetensors_tensor, read_json
 
 FORMAT_NAME = "pytest-precision-dump"
 #: Bumped on any change an older reader would misread; readers refuse versions they do not know.
@@ -39,11 +40,6 @@ SHARD_PATTERN = re.compile(r"shard-\d{5}\.safetensors")
 
 def rank_dir(root: Path, rank: int) -> Path:
     return root / f"rank{rank}"
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``bfloat16`` for ``torch.bfloat16``: the spelling used in records."""
-    return str(dtype).removeprefix("torch.")
 
 
 # -- JSON values ---------------------------------------------------------------------------------
@@ -147,16 +143,7 @@ def is_native_dump(path: Path) -> bool:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DumpFormatError(path, "missing file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DumpFormatError(path, f"cannot read: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DumpFormatError(path, f"malformed JSON: {exc}") from None
+    data = read_json(path)
     if not isinstance(data, dict):
         raise DumpFormatError(path, "malformed JSON: expected an object at the top level")
     return data
@@ -358,11 +345,7 @@ def _loader(
 def _load(
     shard: Path, key: str, dtype: torch.dtype, shape: tuple[int, ...], raw: bool
 ) -> torch.Tensor:
-    try:
-        with safe_open(shard, framework="pt") as handle:  # type: ignore[no-untyped-call]
-            tensor: torch.Tensor = handle.get_tensor(key)
-    except Exception as exc:
-        raise DumpFormatError(shard, f"cannot read tensor {key!r}: {exc}") from None
+    tensor = load_safetensors_tensor(shard, key)
     if raw:  # dtypes safetensors cannot store travel as their bytes
         tensor = tensor.view(dtype)
     return tensor.reshape(shape)

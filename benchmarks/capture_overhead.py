@@ -11,7 +11,6 @@ tensor mode <= 3x, and peak extra memory under 300 MB while a forward produces 2
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import resource
 import shutil
@@ -78,46 +77,54 @@ def overhead(config: TinyLlamaConfig, repeat: int, seq: int) -> None:
     print(f"model: {params / 1e6:.0f}M parameters, fp32, seq {seq}, {threads} threads")
     print("ratio = forward with capture / forward without (fastest of interleaved runs)")
     work = Path(tempfile.mkdtemp(prefix="capture-bench-"))
-    runs = itertools.count()
     with torch.no_grad():
         model(ids)  # warm-up
         try:
             for level in ("op", "mix", "module"):
                 for mode in ("statistics", "tensor"):
+                    sizes: list[int] = []
 
                     def plain() -> None:
                         model(ids)
 
                     def captured(level: str = level, mode: str = mode) -> None:
-                        folder = work / f"run-{next(runs)}"
-                        with capture(model, folder, level=level, mode=mode):  # type: ignore[arg-type]
+                        with capture(model, work / "run", level=level, mode=mode):  # type: ignore[arg-type]
                             model(ids)
 
-                    base, seconds = _interleaved(plain, captured, repeat)
-                    size = _folder_bytes(max(work.glob("run-*"), key=lambda p: p.stat().st_mtime))
+                    def remove(sizes: list[int] = sizes) -> None:
+                        # Deleted before the next run: dirty pages of an old dump would make the
+                        # next one wait for the disk instead of the page cache.
+                        sizes.append(_folder_bytes(work / "run"))
+                        shutil.rmtree(work / "run")
+
+                    base, seconds = _interleaved(plain, captured, repeat, after=remove)
                     step = _decode_step_seconds(model, ids, work / "steps", level, mode, repeat)
+                    shutil.rmtree(work / "steps")
                     base = min(base, _best_seconds(plain, repeat))
                     print(
                         f"{mode:>10} / {level:<6}: one forward {seconds / base:.2f}x, "
                         f"per decode step {step / base:.2f}x "
-                        f"(no capture {base:.3f} s; {size / 2**20:.0f} MiB written)",
+                        f"(no capture {base:.3f} s; {sizes[-1] / 2**20:.0f} MiB written)",
                         flush=True,
                     )
-                    for folder in work.iterdir():
-                        shutil.rmtree(folder)
             write_speed(work, 512 << 20)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
 
 def _interleaved(
-    first: Callable[[], object], second: Callable[[], object], repeat: int
+    first: Callable[[], object],
+    second: Callable[[], object],
+    repeat: int,
+    after: Callable[[], object] = lambda: None,
 ) -> tuple[float, float]:
-    """Best times of ``first`` and ``second`` run alternately, so both see the same load."""
+    """Best times of ``first`` and ``second`` run alternately, so both see the same load;
+    ``after`` runs untimed after each ``second``."""
     a, b = [], []
     for _ in range(repeat):
         a.append(_best_seconds(first, 1))
         b.append(_best_seconds(second, 1))
+        after()
     return min(a), min(b)
 
 
@@ -127,13 +134,18 @@ def write_speed(work: Path, nbytes: int) -> None:
     entry = {"name": "Torch.op.0.forward", "kind": "Torch", "op": "op", "step": 0}
 
     def dump() -> None:
-        writer = DumpWriter(work / f"writer-{time.monotonic_ns()}", rank=0, world_size=1, info={})
+        writer = DumpWriter(work / "writer", rank=0, world_size=1, info={})
         writer.start()
         for key, t in enumerate(tensors):
             writer.add(dict(entry, slot=f"output.{key}"), key=str(key), tensor=t.clone())
         writer.close()
 
-    plain, dumped = _interleaved(lambda: _plain_write_seconds(nbytes, work), dump, 3)
+    plain, dumped = _interleaved(
+        lambda: _plain_write_seconds(nbytes, work),
+        dump,
+        3,
+        after=lambda: shutil.rmtree(work / "writer"),
+    )
     print(
         f"write speed: dump writer {nbytes / dumped / 2**20:.0f} MiB/s (with statistics) vs "
         f"plain sequential write {nbytes / plain / 2**20:.0f} MiB/s: {plain / dumped:.0%}"

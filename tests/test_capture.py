@@ -328,3 +328,14 @@ def test_bad_arguments_and_existing_dumps_are_refused(tmp_path: Path) -> None:
         pass
     with pytest.raises(PrecisionError, match="already holds a dump"), capture(model, tmp_path):
         pass
+
+
+def test_load_dump_recognizes_a_capture(tmp_path: Path) -> None:
+    from pytest_precision import load_dump
+
+    model = build_tiny_llama(CONFIG)
+    with torch.no_grad(), capture(model, tmp_path, level="mix"):
+        model(example_input_ids(CONFIG, seq=4))
+    dump = load_dump(tmp_path)
+    assert dump.format == "native"
+    assert [r.key for r in dump] == [r.key for r in read_native_dump(tmp_path)]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from examples.tiny_llama import (
     TinyLlamaConfig,
@@ -74,7 +75,7 @@ def test_round_trip_is_bitwise_and_numerics_do_not_change(
     with torch.no_grad():
         plain = model(ids)
         expected, handles = _module_outputs(model)
-        with capture(model, tmp_path, level=level, mode=mode):  # type: ignore[arg-type]
+        with _OpOutputs() as ops, capture(model, tmp_path, level=level, mode=mode):  # type: ignore[arg-type]
             captured = model(ids)
         for handle in handles:
             handle.remove()
@@ -109,11 +110,40 @@ def test_round_trip_is_bitwise_and_numerics_do_not_change(
                 assert repr(records[key].stats) == repr(tensor_stats(expected[key])), key
     if mode == "tensor" and level != "module":
         _check_linear_records(dump.records, model)
+        _check_op_outputs(dump.records, ops.outputs)
     last_output = [r for r in dump if r.slot == "output.0"][-1]
     if mode == "tensor":
         assert _bitwise_equal(last_output.load(), plain)
     else:
         assert repr(last_output.stats) == repr(tensor_stats(plain))
+
+
+class _OpOutputs(TorchFunctionMode):
+    """Independent oracle: a second mode, below capture's, copying every tensor a call returns
+    (capture's own copies show up too; the check skips what it does not need)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: list[torch.Tensor] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        output = func(*args, **(kwargs or {}))
+        items = output if isinstance(output, (tuple, list)) else (output,)
+        self.outputs += [t.detach().clone() for t in items if isinstance(t, torch.Tensor)]
+        return output
+
+
+def _check_op_outputs(records: Any, oracle: list[torch.Tensor]) -> None:
+    """Every recorded op output is, in order, one of the tensors the calls really returned."""
+    position = 0
+    for record in records:
+        if record.kind == "Module" or not record.slot.startswith("output.") or not record.is_tensor:
+            continue
+        loaded = record.load()
+        while position < len(oracle) and not _bitwise_equal(oracle[position], loaded):
+            position += 1
+        assert position < len(oracle), f"{record.key} is not what the op returned"
+        position += 1
 
 
 def _check_linear_records(records: Any, model: torch.nn.Module) -> None:

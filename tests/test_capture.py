@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -33,6 +32,7 @@ from pytest_precision.dump import _capture
 from pytest_precision.dump._native import read_native_dump
 
 CONFIG = TinyLlamaConfig(num_layers=2)
+ROOT = Path(__file__).resolve().parents[1]  # for subprocesses importing examples/
 LEVELS = ("module", "op", "mix")
 MODES = ("tensor", "statistics")
 
@@ -321,7 +321,7 @@ def test_a_dump_cut_short_by_a_crash_is_incomplete(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os, sys, torch
-        sys.path.insert(0, {os.getcwd()!r})
+        sys.path.insert(0, {str(ROOT)!r})
         from examples.tiny_llama import build_tiny_llama, example_input_ids
         from pytest_precision import capture
         model = build_tiny_llama()
@@ -369,3 +369,35 @@ def test_load_dump_recognizes_a_capture(tmp_path: Path) -> None:
     dump = load_dump(tmp_path)
     assert dump.format == "native"
     assert [r.key for r in dump] == [r.key for r in read_native_dump(tmp_path)]
+
+
+_TWO_RANKS = """
+import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+sys.path.insert(0, {root!r})
+from examples.tiny_llama import build_tiny_llama, example_input_ids
+from pytest_precision import capture
+
+def run(rank):
+    dist.init_process_group("gloo", init_method="file://{store}", rank=rank, world_size=2)
+    model = build_tiny_llama()
+    with torch.no_grad(), capture(model, {dump!r}, level="module", mode="statistics"):
+        model(example_input_ids(seed=rank))
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(run, nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_each_rank_of_a_real_process_group_writes_its_folder(tmp_path: Path) -> None:
+    script = tmp_path / "two_ranks.py"
+    dump = tmp_path / "dump"
+    script.write_text(_TWO_RANKS.format(root=str(ROOT), store=tmp_path / "store", dump=str(dump)))
+    subprocess.run([sys.executable, str(script)], check=True, timeout=300)
+    records = read_native_dump(dump).records
+    assert sorted({r.rank for r in records}) == [0, 1]
+    logits = [r for r in records if r.key == "Module.TinyLlamaForCausalLM.forward.0.output.0"]
+    assert len(logits) == 2
+    assert logits[0].stats != logits[1].stats  # each rank saw its own input

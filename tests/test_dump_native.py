@@ -303,3 +303,24 @@ def test_a_failing_writer_thread_is_reported_not_hung(
         fill()
     with pytest.raises(DumpFormatError, match="incomplete"):
         read_native_dump(tmp_path)
+
+
+def test_memory_held_by_the_writer_stays_within_its_budget(tmp_path: Path) -> None:
+    class Watched(DumpWriter):
+        peak = 0
+
+        def add(self, entry: dict[str, Any], **kwargs: Any) -> None:
+            super().add(entry, **kwargs)
+            Watched.peak = max(Watched.peak, self._pending)
+
+    writer = Watched(
+        tmp_path, rank=0, world_size=1, info={}, shard_bytes=256 << 10, pending_bytes=600 << 10
+    )
+    writer.start()
+    for key in range(40):  # 10 MiB through a 600 KiB budget
+        t = torch.full((64 << 10,), float(key))  # 256 KiB
+        writer.add(_entry("x", f"output.{key}", t), key=str(key), tensor=t)
+    writer.close()
+    assert 0 < Watched.peak <= 600 << 10
+    dump = read_native_dump(tmp_path)
+    assert [float(r.load()[0]) for r in dump] == [float(k) for k in range(40)]

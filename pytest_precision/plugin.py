@@ -5,14 +5,16 @@ Hooks appear in pytest's lifecycle order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import pytest
 
-if TYPE_CHECKING:
-    import pytest
+from . import _golden_plugin
+from ._golden import Golden, current_golden
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("precision", "numerical precision (pytest-precision)")
+    # goldens
+    _golden_plugin.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -20,3 +22,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "precision(standard=None, rtol=None, atol=None): tolerance for this test's comparisons",
     )
+    # goldens
+    config.pluginmanager.register(_golden_plugin.GoldenPlugin(config), _golden_plugin.PLUGIN_NAME)
+
+
+@pytest.fixture
+def golden() -> Golden:
+    """This test's goldens: ``golden(value, name=None, *, standard, rtol, atol)`` compares,
+    ``golden.load(name)`` reads a stored value."""
+    return current_golden()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ._assertions import Comparison, assert_close
 from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
+from ._golden import Golden, assert_close_to_golden
 from ._metrics import TensorStats, tensor_stats
 from ._standards import (
     AllClose,
@@ -31,6 +32,7 @@ __all__ = [
     "Dump",
     "DumpFormatError",
     "Exact",
+    "Golden",
     "PrecisionError",
     "PrecisionInputError",
     "PrecisionWarning",
@@ -46,6 +48,7 @@ __all__ = [
     "UlpLimit",
     "__version__",
     "assert_close",
+    "assert_close_to_golden",
     "compare_tensors",
     "default_standard",
     "tensor_stats",

@@ -542,10 +542,8 @@ class Golden:
             worst = max(comparison.items, key=lambda item: _badness(item.comparison))
             record["verdict"] = comparison.verdict
             record["standard"] = worst.comparison.standard.name
-            record["worst"] = {"path": worst.path, **_key_metrics(worst.comparison)}
-            record["items"] = [
-                {"path": item.path, **item.comparison.to_dict()} for item in comparison.items
-            ]
+            record["worst"] = _item_summary(worst)
+            record["items"] = [_item_summary(item) for item in comparison.items]
         self.records.append(record)
         if self._on_record is not None:
             self._on_record(record)
@@ -555,12 +553,31 @@ def _badness(c: TensorComparison) -> tuple[int, float, float]:
     return (_VERDICT_ORDER[c.verdict], c.mismatch_ratio, c.max_rel_err)
 
 
-_KEY_METRICS = ("cosine", "max_abs_err", "max_rel_err", "max_ulp", "mismatch_count", "numel")
+#: What a record keeps of each compared item: enough to rank and to explain, kept small since
+#: records also travel as JUnit properties.
+_ITEM_FIELDS = (
+    "verdict",
+    "reason",
+    "standard",
+    "dtype",
+    "shape",
+    "cosine",
+    "max_abs_err",
+    "max_rel_err",
+    "mean_abs_err",
+    "rmse",
+    "sqnr_db",
+    "max_ulp",
+    "thousandth_ratio",
+    "five_thousandth_ratio",
+    "mismatch_count",
+    "numel",
+)
 
 
-def _key_metrics(c: TensorComparison) -> dict[str, Any]:
-    summary = c.to_dict()
-    return {key: summary[key] for key in _KEY_METRICS}
+def _item_summary(item: ItemComparison) -> dict[str, Any]:
+    summary = item.comparison.to_dict()
+    return {"path": item.path, **{key: summary[key] for key in _ITEM_FIELDS}}
 
 
 def _describe(t: torch.Tensor) -> str:

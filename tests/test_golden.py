@@ -15,9 +15,9 @@ from pytest_precision import (
     PrecisionError,
     PrecisionInputError,
     Record,
+    _golden,
     assert_close_to_golden,
 )
-from pytest_precision import _golden
 from pytest_precision._golden import Tolerance, activate, deactivate, parse_tolerances
 from pytest_precision._golden_files import MARKER, read_golden
 
@@ -307,11 +307,11 @@ def test_dump_records_serve_as_goldens(dump_dir: Path) -> None:
 
 def test_dump_lookup_failures_are_clear(dump_dir: Path) -> None:
     golden = Golden(dump_dir, TEST_ID)
-    with pytest.raises(AssertionError, match="no record or module named 'model.nope'"):
+    with pytest.raises(AssertionError, match=r"no record or module named 'model\.nope'"):
         golden(_value(), "model.nope")
     with pytest.raises(PrecisionInputError, match="statistics only"):
         golden(torch.ones(1), "Functional.stat.0.forward")
-    with pytest.raises(PrecisionError, match="cannot write into .*it is a dump"):
+    with pytest.raises(PrecisionError, match=r"cannot write into .*it is a dump"):
         Golden(dump_dir, TEST_ID, update=True)
 
 

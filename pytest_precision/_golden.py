@@ -618,6 +618,7 @@ def deactivate(token: Any) -> None:
 
 def current_golden() -> Golden:
     """The running test's :class:`Golden` (the pytest plugin activates one per test)."""
+    __tracebackhide__ = True
     factory = _ACTIVE.get()
     if factory is None:
         raise PrecisionError(

@@ -36,8 +36,10 @@ from ._golden_files import (
     atomic_write,
     golden_relpath,
     golden_scope,
+    is_golden_dir,
     list_goldens,
     list_stale_temps,
+    mark_golden_dir,
 )
 
 #: Name prefix of the user properties carrying golden records (one per comparison).
@@ -94,6 +96,9 @@ class GoldenPlugin:
             raise pytest.UsageError(str(exc)) from None
         if (self.update or self.prune) and self.golden_dir is None:
             raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
+        if self.update and not hasattr(config, "workerinput") and is_golden_dir(self.golden_dir):
+            # Marked before any xdist worker starts: a half-written folder never looks like a dump.
+            mark_golden_dir(self.golden_dir)
         self._source: GoldenSource | PrecisionError | None = None
         self.records: list[dict[str, Any]] = []
         # what the run's collection used: golden paths, and whether it was narrowed
@@ -116,9 +121,11 @@ class GoldenPlugin:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        __tracebackhide__ = True
         built: list[Golden] = []
 
         def factory() -> Golden:
+            __tracebackhide__ = True
             if not built:
                 built.append(self._golden_for(item))
             return built[0]
@@ -153,6 +160,7 @@ class GoldenPlugin:
             golden.flush(complete=complete)
 
     def _golden_for(self, item: pytest.Item) -> Golden:
+        __tracebackhide__ = True
         if self.golden_dir is None:
             raise PrecisionError(
                 "no golden directory: pass --golden-dir DIR or set golden_dir in the ini file"
@@ -273,7 +281,7 @@ class GoldenPlugin:
     ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
         updated = any(record["status"] in UPDATED for record in _records_of(report))
         if report.when == "call" and report.passed and updated:
-            return "golden-updated", "U", ("UPDATED", {"yellow": True})
+            return "updated", "U", ("UPDATED", {"yellow": True})
         return None
 
     def sorted_records(self) -> list[dict[str, Any]]:

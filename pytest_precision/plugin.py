@@ -30,4 +30,5 @@ def pytest_configure(config: pytest.Config) -> None:
 def golden() -> Golden:
     """This test's goldens: ``golden(value, name=None, *, standard, rtol, atol)`` compares,
     ``golden.load(name)`` reads a stored value."""
+    __tracebackhide__ = True
     return current_golden()

@@ -32,6 +32,7 @@ from ._assertions import (
 )
 from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
 from ._golden_files import (
+    MARKER,
     Entry,
     GoldenFile,
     NewerSchemaError,
@@ -256,14 +257,14 @@ def open_golden_source(path: str | os.PathLike[str]) -> GoldenSource:
         from .dump import load_dump  # type: ignore[attr-defined]
     except ImportError:
         raise PrecisionError(
-            f"golden directory {path} has no {GoldenDirectory.__name__} marker "
-            f"(pytest-precision-goldens.json) and this pytest-precision cannot read dumps"
+            f"{path} is not a golden directory (it has files but no {MARKER}) and this "
+            "pytest-precision cannot read dumps"
         ) from None
     try:
         dump = load_dump(path)
     except DumpFormatError as exc:
         raise PrecisionError(
-            f"{path} is neither a golden directory (no pytest-precision-goldens.json) "
+            f"{path} is neither a golden directory (it has files but no {MARKER}) "
             f"nor a readable dump: {exc.problem}"
         ) from None
     return DumpGoldens(dump)

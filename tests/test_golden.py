@@ -11,6 +11,7 @@ import torch
 import pytest_precision.dump
 from pytest_precision import (
     Dump,
+    DumpFormatError,
     Golden,
     PrecisionError,
     PrecisionInputError,
@@ -326,4 +327,17 @@ def test_unmarked_folder_without_dump_reader_is_a_clear_error(
     (tmp_path / "data.bin").write_bytes(b"x")
     monkeypatch.delattr(pytest_precision.dump, "load_dump", raising=False)
     with pytest.raises(PrecisionError, match="cannot read dumps"):
+        Golden(tmp_path, TEST_ID)
+
+
+def test_unmarked_folder_that_is_no_dump_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "notes.txt").write_text("x")
+
+    def no_dump(path: Path) -> Dump:
+        raise DumpFormatError(path, "no manifest.json or dump.json")
+
+    monkeypatch.setattr(pytest_precision.dump, "load_dump", no_dump, raising=False)
+    with pytest.raises(PrecisionError, match=r"neither a golden directory .* nor a readable dump"):
         Golden(tmp_path, TEST_ID)

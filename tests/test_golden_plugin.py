@@ -123,8 +123,11 @@ def test_unused_goldens_are_listed_and_pruned(model: pytest.Pytester) -> None:
     by_node = model.runpytest("--golden-dir", "goldens", "test_model.py::test_cast")
     assert "unused goldens" not in by_node.stdout.str()
 
+    temp = model.path / "goldens/test_model/.test_cast[f32].safetensors.k1ll3d.tmp"
+    temp.write_bytes(b"left by a killed writer")
     model.runpytest("--golden-dir", "goldens", "--golden-prune", "test_model.py")
     assert not (model.path / "goldens" / stale).exists()
+    assert not temp.exists()
     assert (model.path / "goldens/test_model/test_cast[f32].safetensors").exists()
 
 

@@ -335,3 +335,21 @@ def test_xdist_gives_the_serial_outcomes_and_summary(
     assert serial_report == xdist_report
     assert xdist_report["unused_goldens"] == ["test_model/test_gone.safetensors"]
     assert [c["status"] for c in xdist_report["comparisons"]] == ["fail"] * 2 + ["pass"] * 2
+
+
+def test_bad_precision_marker_fails_its_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        from pytest_precision import assert_close_to_golden
+
+        @pytest.mark.precision(tol=1)
+        def test_x():
+            assert_close_to_golden(1.0)
+        """
+    )
+    result = pytester.runpytest("--golden-dir", "g", "--strict-markers")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*@pytest.mark.precision takes only the keywords standard=, rtol=, atol= (got *tol*)"]
+    )

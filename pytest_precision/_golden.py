@@ -15,7 +15,6 @@ import shlex
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,9 +50,9 @@ STATUSES = ("error", "missing", "fail", "warn", "rewritten", "recorded", "pass")
 UPDATED = ("recorded", "rewritten")
 _AUTO_NAME = "#"
 
-_ACTIVE: ContextVar[Callable[[], Golden] | None] = ContextVar(
-    "pytest_precision_golden", default=None
-)
+#: Factories of the running tests' goldens, innermost last (pytester nests runs). A plain list,
+#: not a ContextVar, so threads started by a test see its golden too.
+_ACTIVE: list[Callable[[], Golden] | None] = []
 
 
 @dataclass(frozen=True)
@@ -607,20 +606,21 @@ def record_command(test_id: str, golden_dir: Path, invocation_dir: Path) -> str:
 # --- the active golden ---------------------------------------------------------------------------
 
 
-def activate(factory: Callable[[], Golden] | None) -> Any:
+def activate(factory: Callable[[], Golden] | None) -> int:
     """Make ``factory`` build the golden used by :func:`assert_close_to_golden`; returns a token
     for :func:`deactivate`."""
-    return _ACTIVE.set(factory)
+    _ACTIVE.append(factory)
+    return len(_ACTIVE) - 1
 
 
-def deactivate(token: Any) -> None:
-    _ACTIVE.reset(token)
+def deactivate(token: int) -> None:
+    del _ACTIVE[token:]
 
 
 def current_golden() -> Golden:
     """The running test's :class:`Golden` (the pytest plugin activates one per test)."""
     __tracebackhide__ = True
-    factory = _ACTIVE.get()
+    factory = _ACTIVE[-1] if _ACTIVE else None
     if factory is None:
         raise PrecisionError(
             "assert_close_to_golden() runs inside a pytest test with the pytest-precision "

@@ -303,7 +303,8 @@ class GoldenPlugin:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if getattr(self.config, "workeroutput", None) is not None:
             return
-        if not self.records and not self.unused:
+        skipped_prune = self.prune and self.unused is None
+        if not self.records and not self.unused and not skipped_prune:
             return
         tr = terminalreporter
         tr.write_sep("=", "golden comparisons (pytest-precision)")
@@ -321,12 +322,15 @@ class GoldenPlugin:
             tr.write_line(f"unused goldens (no collected test uses them; {verb}):")
             for path in self.unused:
                 tr.write_line(f"  {path}")
+        if skipped_prune:
+            why = ", ".join(sorted(self.narrowed_by)) or "no collection to compare with"
+            tr.write_line(f"--golden-prune deleted nothing: unused goldens need a full run ({why})")
         if self.report_path is not None:
             tr.write_line(f"precision report written to {self.report_path}")
 
 
 _built_key = pytest.StashKey[list[Golden]]()
-_token_key = pytest.StashKey[Any]()
+_token_key = pytest.StashKey[int]()
 
 
 def _marker_tolerance(item: pytest.Item) -> Tolerance:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -341,3 +342,15 @@ def test_unmarked_folder_that_is_no_dump_is_a_clear_error(
     monkeypatch.setattr(pytest_precision.dump, "load_dump", no_dump, raising=False)
     with pytest.raises(PrecisionError, match=r"neither a golden directory .* nor a readable dump"):
         Golden(tmp_path, TEST_ID)
+
+
+def test_threads_started_by_a_test_use_its_golden(tmp_path: Path) -> None:
+    golden = Golden(tmp_path, TEST_ID, update=True)
+    token = activate(lambda: golden)
+    try:
+        thread = threading.Thread(target=assert_close_to_golden, args=(torch.ones(2), "t"))
+        thread.start()
+        thread.join()
+    finally:
+        deactivate(token)
+    assert [r["name"] for r in golden.records] == ["t"]

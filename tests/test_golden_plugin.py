@@ -122,6 +122,11 @@ def test_unused_goldens_are_listed_and_pruned(model: pytest.Pytester) -> None:
     assert "unused goldens" not in filtered.stdout.str()
     by_node = model.runpytest("--golden-dir", "goldens", "test_model.py::test_cast")
     assert "unused goldens" not in by_node.stdout.str()
+    refused = model.runpytest("--golden-dir", "goldens", "--golden-prune", "-k", "cast")
+    refused.stdout.fnmatch_lines(
+        ["--golden-prune deleted nothing: unused goldens need a full run (deselected tests)"]
+    )
+    assert (model.path / "goldens" / stale).exists()
 
     temp = model.path / "goldens/test_model/.test_cast[f32].safetensors.k1ll3d.tmp"
     temp.write_bytes(b"left by a killed writer")

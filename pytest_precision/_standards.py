@@ -27,6 +27,8 @@ from ._metrics import (
 )
 
 Verdict = Literal["pass", "warn", "fail"]
+#: Verdicts from best to worst.
+VERDICT_ORDER: dict[Verdict, int] = {"pass": 0, "warn": 1, "fail": 2}
 #: (actual vs reference, expected vs reference)
 _ReferencePair = tuple[ErrorMetrics, ErrorMetrics]
 StandardName = Literal["allclose", "ratio", "ulp", "reference", "exact"]

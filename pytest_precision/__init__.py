@@ -8,6 +8,7 @@ from __future__ import annotations
 from ._assertions import Comparison, assert_close
 from ._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
 from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
+from ._golden import Golden, assert_close_to_golden
 from ._metrics import TensorStats, tensor_stats
 from ._standards import (
     AllClose,
@@ -33,6 +34,7 @@ __all__ = [
     "Dump",
     "DumpFormatError",
     "Exact",
+    "Golden",
     "PrecisionError",
     "PrecisionInputError",
     "PrecisionWarning",
@@ -49,6 +51,7 @@ __all__ = [
     "UlpLimit",
     "__version__",
     "assert_close",
+    "assert_close_to_golden",
     "assert_deterministic",
     "capture",
     "compare_tensors",

@@ -18,9 +18,7 @@ import torch
 from ._errors import PrecisionInputError, PrecisionWarning
 from ._metrics import HISTOGRAM_EDGES, ErrorDetails, error_details
 from ._nested import iter_leaf_pairs
-from ._standards import Standard, TensorComparison, Verdict, compare_tensors
-
-_VERDICT_ORDER: dict[Verdict, int] = {"pass": 0, "warn": 1, "fail": 2}
+from ._standards import VERDICT_ORDER, Standard, TensorComparison, Verdict, compare_tensors
 
 
 def _from_numpy(array: np.ndarray, where: str) -> torch.Tensor:
@@ -79,7 +77,7 @@ class Comparison:
     def verdict(self) -> Verdict:
         return max(
             (item.comparison.verdict for item in self.items),
-            key=_VERDICT_ORDER.__getitem__,
+            key=VERDICT_ORDER.__getitem__,
             default="pass",
         )
 

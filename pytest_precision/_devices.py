@@ -332,5 +332,21 @@ def environment_fingerprint() -> dict[str, Any]:
     }
 
 
+def flat_fingerprint(fingerprint: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """A fingerprint as ``dotted.key -> str`` lines (unset values left out), for checklists
+    that diff two runs line by line."""
+    flat: dict[str, str] = {}
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, Mapping):
+            for name, item in value.items():
+                walk(item, f"{key}.{name}" if key else str(name))
+        elif value is not None:
+            flat[key] = str(value)
+
+    walk(environment_fingerprint() if fingerprint is None else fingerprint, "")
+    return flat
+
+
 for _backend in (CpuBackend(), CudaBackend(), NpuBackend()):
     register_backend(_backend)

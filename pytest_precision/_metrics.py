@@ -205,6 +205,8 @@ class ChunkErrors:
     raw_actual: torch.Tensor
     raw_expected: torch.Tensor
     scratch: torch.Tensor
+    #: Largest element of ``rel_err``, once the pass has reduced it (lets rules skip work).
+    rel_max: float | None = None
 
 
 #: A per-element quantity and the limit above which an element counts.
@@ -337,11 +339,14 @@ def _count(mask: torch.Tensor) -> torch.Tensor:
     return mask.sum(dtype=torch.int32)
 
 
-def _count_exceedances(exceedances: Sequence[Exceedance]) -> torch.Tensor:
+def _count_exceedances(
+    exceedances: Sequence[Exceedance], known_maxima: dict[int, float]
+) -> torch.Tensor:
     """Elements above each limit. A comparison is skipped when the values' maximum is not above
-    the limit (comparisons cost four times a reduction, and close tensors rarely need them)."""
+    the limit (comparisons cost four times a reduction, and close tensors rarely need them).
+    ``known_maxima`` maps ``id(values)`` to maxima already reduced."""
     counts = []
-    maxima: dict[int, float] = {}
+    maxima = dict(known_maxima)
     for values, limit in exceedances:
         if id(values) not in maxima:
             maxima[id(values)] = float(values.amax()) if values.numel() else -math.inf
@@ -407,11 +412,12 @@ def measure(
         torch.amax(err.abs_err, dim=0, out=maxima[chunk, 0])
         torch.amax(err.rel_err, dim=0, out=maxima[chunk, 1])
         torch.amax(err.ulp_err, dim=0, out=maxima[chunk, 2])
-        if maxima[chunk, 1] > THOUSANDTH:
+        err.rel_max = float(maxima[chunk, 1])
+        if err.rel_max > THOUSANDTH:
             counts[0] += _count(err.rel_err > THOUSANDTH)
             counts[1] += _count(err.rel_err > FIVE_THOUSANDTH)
         if rule is not None:
-            found = _count_exceedances(rule.exceedances(err))
+            found = _count_exceedances(rule.exceedances(err), {id(err.rel_err): err.rel_max})
             if rule_counts is None:
                 rule_counts = found.to(torch.int64)
             else:

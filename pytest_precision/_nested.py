@@ -54,7 +54,7 @@ def children(value: Any) -> Iterator[tuple[str, Any]] | None:
     return None
 
 
-def _is_leaf(value: Any) -> bool:
+def is_leaf(value: Any) -> bool:
     return isinstance(value, (torch.Tensor, np.ndarray, np.generic, numbers.Number))
 
 
@@ -99,11 +99,11 @@ def _pairs(
     first, second = sides
     if actual is None and expected is None:
         return
-    if _is_leaf(actual) and _is_leaf(expected):
+    if is_leaf(actual) and is_leaf(expected):
         yield path, actual, expected
         return
     for value, side in ((actual, first), (expected, second)):
-        if value is not None and not _is_leaf(value) and children(value) is None:
+        if value is not None and not is_leaf(value) and children(value) is None:
             raise PrecisionInputError(
                 f"{where}: cannot compare a value of type {type(value).__name__} ({side}); "
                 "expected a tensor, numpy array, number, or a tuple/list/dict/dataclass of them"

@@ -27,6 +27,8 @@ from ._metrics import (
 )
 
 Verdict = Literal["pass", "warn", "fail"]
+#: Verdicts from best to worst.
+VERDICT_ORDER: dict[Verdict, int] = {"pass": 0, "warn": 1, "fail": 2}
 #: (actual vs reference, expected vs reference)
 _ReferencePair = tuple[ErrorMetrics, ErrorMetrics]
 StandardName = Literal["allclose", "ratio", "ulp", "reference", "exact"]
@@ -124,6 +126,11 @@ class _Thresholds(ElementRule):
 
     def exceedances(self, errors: ChunkErrors) -> Sequence[Exceedance]:
         floored: torch.Tensor | None = None
+        tightest = min((limit for q, limit in self._limits if q == "floored_rel"), default=0.0)
+        if errors.rel_max is not None and errors.rel_max <= tightest:
+            # The floored error never exceeds the plain relative error: when that is within
+            # every limit, it stands in for the floored one and no element counts.
+            floored = errors.rel_err
         out = []
         for quantity, limit in self._limits:
             if quantity != "floored_rel":

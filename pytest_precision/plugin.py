@@ -9,8 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from . import _golden_plugin
 from ._determinism import DEFAULT_SEED, SeedHandle, derive_seed, seed_all
 from ._devices import backends
+from ._golden import Golden, current_golden
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,6 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="seed every test as if it requested the `seeded` fixture",
     )
+    _golden_plugin.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,6 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if config.getini("precision_autoseed"):
         config.pluginmanager.register(_AutoSeed(), "precision-autoseed")
+    config.pluginmanager.register(_golden_plugin.GoldenPlugin(config), _golden_plugin.PLUGIN_NAME)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -85,3 +89,11 @@ class _AutoSeed:
     @pytest.fixture(autouse=True)
     def _precision_autoseed(self, seeded: SeedHandle) -> SeedHandle:
         return seeded
+
+
+@pytest.fixture
+def golden() -> Golden:
+    """This test's goldens: ``golden(value, name=None, *, standard, rtol, atol)`` compares,
+    ``golden.load(name)`` reads a stored value."""
+    __tracebackhide__ = True
+    return current_golden()

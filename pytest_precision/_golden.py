@@ -1,0 +1,623 @@
+"""``assert_close_to_golden``: compare a test's values with stored goldens, or record them.
+
+A :class:`Golden` belongs to one test. It reads the test's golden file (or looks names up in a
+dump serving as goldens), compares each value under the resolved tolerance, and with
+``update=True`` records missing or differing values instead of failing. Every comparison also
+produces a JSON-ready record for reports. The pytest plugin creates one per test and makes it
+the *active* golden, which :func:`assert_close_to_golden` uses.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._assertions import Comparison, ItemComparison, compare, to_tensor
+from ._devices import flat_fingerprint
+from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
+from ._golden_files import (
+    MARKER,
+    Entry,
+    GoldenFile,
+    NewerSchemaError,
+    flatten,
+    golden_relpath,
+    is_golden_dir,
+    mark_golden_dir,
+    read_golden,
+    write_golden,
+)
+from ._nested import iter_leaf_pairs
+from ._standards import STANDARDS, VERDICT_ORDER, Standard, TensorComparison, resolve_standard
+from .dump import Dump, Record
+
+#: A record's status: a comparison verdict, or what happened instead of a comparison.
+STATUSES = ("error", "missing", "fail", "warn", "rewritten", "recorded", "pass")
+UPDATED = ("recorded", "rewritten")
+_AUTO_NAME = "#"
+
+#: Factories of the running tests' goldens, innermost last (pytester nests runs). A plain list,
+#: not a ContextVar, so threads started by a test see its golden too.
+_ACTIVE: list[Callable[[], Golden] | None] = []
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A standard and/or allclose tolerances; unset fields defer to the next level."""
+
+    standard: str | Standard | None = None
+    rtol: float | None = None
+    atol: float | None = None
+
+    @property
+    def is_set(self) -> bool:
+        return self.standard is not None or self.rtol is not None or self.atol is not None
+
+
+def parse_tolerances(
+    lines: Iterable[str], source: str = "precision_tolerances"
+) -> dict[torch.dtype, Tolerance]:
+    """Parse per-dtype tolerance lines such as ``bfloat16: rtol=1.6e-2 atol=1e-5`` or
+    ``float32: standard=ulp``; every malformed line is a :class:`PrecisionInputError`."""
+    table: dict[torch.dtype, Tolerance] = {}
+    for number, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{source} line {number} ({raw.strip()!r})"
+        dtype_name, sep, settings = line.partition(":")
+        dtype = getattr(torch, dtype_name.strip(), None)
+        if not sep or not isinstance(dtype, torch.dtype):
+            raise PrecisionInputError(
+                f"{where}: expected 'DTYPE: key=value ...' with a torch dtype name such as "
+                "bfloat16, float16, float32"
+            )
+        values: dict[str, Any] = {}
+        for setting in settings.split():
+            key, eq, value = setting.partition("=")
+            if not eq or key not in ("standard", "rtol", "atol"):
+                raise PrecisionInputError(
+                    f"{where}: {setting!r} is not standard=NAME, rtol=NUMBER or atol=NUMBER"
+                )
+            if key == "standard":
+                if value not in STANDARDS:
+                    raise PrecisionInputError(
+                        f"{where}: unknown standard {value!r} (known: {', '.join(STANDARDS)})"
+                    )
+                values[key] = value
+                continue
+            try:
+                number_value = float(value)
+            except ValueError:
+                raise PrecisionInputError(
+                    f"{where}: {key} must be a number, not {value!r}"
+                ) from None
+            if not number_value >= 0:
+                raise PrecisionInputError(f"{where}: {key} must be >= 0")
+            values[key] = number_value
+        if not values:
+            raise PrecisionInputError(f"{where}: no standard, rtol or atol given")
+        if dtype in table:
+            raise PrecisionInputError(f"{where}: {dtype_name.strip()} is configured twice")
+        tolerance = Tolerance(**values)
+        try:
+            resolve_standard(tolerance.standard, dtype, rtol=tolerance.rtol, atol=tolerance.atol)
+        except PrecisionInputError as exc:
+            raise PrecisionInputError(f"{where}: {exc}") from None
+        table[dtype] = tolerance
+    return table
+
+
+# --- environment fingerprint -------------------------------------------------------------------
+# Private stand-in for the shared fingerprint of the determinism work; swap when merged.
+
+
+def _environment(device: torch.device | None = None) -> dict[str, str]:
+    """What a golden's reader needs to judge a difference: versions, devices, flags, env vars
+    (the shared fingerprint), plus the value's device and this run's torch seed."""
+    env = flat_fingerprint()
+    env["device"] = _device_name(device)
+    env["seed"] = str(torch.initial_seed())
+    return env
+
+
+def _device_name(device: torch.device | None) -> str:
+    if device is None or device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
+
+
+def environment_diff(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+    """The checklist lines where the golden's environment differs from this run's."""
+    return [
+        f"  {key}: {recorded.get(key, '-')} (golden) vs {current.get(key, '-')} (now)"
+        for key in sorted(set(recorded) | set(current))
+        if recorded.get(key) != current.get(key)
+    ]
+
+
+# --- where goldens come from --------------------------------------------------------------------
+
+
+class GoldenDirectory:
+    """A folder of golden files, one per test."""
+
+    writable = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def file_for(self, test_id: str) -> Path:
+        return self.path / golden_relpath(test_id)
+
+    def read(self, test_id: str) -> GoldenFile | None:
+        path = self.file_for(test_id)
+        return read_golden(path) if path.exists() else None
+
+
+class DumpGoldens:
+    """A dump (for example a GPU baseline run) whose records serve as goldens, read-only.
+
+    A name is looked up as a record key (``<record name>.<slot>``), then as a record name (its
+    output, a tuple when it has several), then as a module path (the outputs of the module's
+    first call).
+    """
+
+    writable = False
+
+    def __init__(self, dump: Dump) -> None:
+        self.dump = dump
+        self.path = Path(dump.path)
+        self._by_key: dict[str, Record] = {}
+        self._by_name: dict[str, list[Record]] = {}
+        self._first_call: dict[str, str] = {}
+        for record in dump.records:
+            self._by_key.setdefault(record.key, record)
+            self._by_name.setdefault(record.name, []).append(record)
+            if record.module is not None and (
+                record.kind.lower() == "module" or record.name.startswith("Module.")
+            ):
+                self._first_call.setdefault(record.module, record.name)
+
+    def lookup(self, name: str) -> tuple[str, Any] | None:
+        """``(record description, value)`` for a name, or ``None`` when nothing matches."""
+        if name in self._by_key:
+            return name, self._value(self._by_key[name])
+        call = name if name in self._by_name else self._first_call.get(name)
+        if call is None:
+            return None
+        outputs = [r for r in self._by_name[call] if r.slot.startswith("output")]
+        if not outputs:
+            raise PrecisionInputError(
+                f"{self.path}: record {call} has no output slot "
+                f"(slots: {', '.join(r.slot for r in self._by_name[call])}); name one as "
+                f"'{call}.<slot>'"
+            )
+        if len(outputs) == 1:
+            return outputs[0].key, self._value(outputs[0])
+        return f"{call}.output", tuple(self._value(r) for r in outputs)
+
+    def _value(self, record: Record) -> Any:
+        if not record.is_tensor:
+            return record.value
+        tensor = record.load()
+        if tensor is None:
+            raise PrecisionInputError(
+                f"{self.path}: record {record.key} has statistics only; goldens need a dump "
+                "with tensor data"
+            )
+        return tensor
+
+
+GoldenSource = GoldenDirectory | DumpGoldens
+
+
+def open_golden_source(path: str | os.PathLike[str]) -> GoldenSource:
+    """A golden directory, or a dump when ``path`` is not one (see :func:`is_golden_dir`)."""
+    path = Path(path)
+    if is_golden_dir(path):
+        return GoldenDirectory(path)
+    try:
+        from .dump import load_dump  # type: ignore[attr-defined]
+    except ImportError:
+        raise PrecisionError(
+            f"{path} is not a golden directory (it has files but no {MARKER}) and this "
+            "pytest-precision cannot read dumps"
+        ) from None
+    try:
+        dump = load_dump(path)
+    except DumpFormatError as exc:
+        raise PrecisionError(
+            f"{path} is neither a golden directory (it has files but no {MARKER}) "
+            f"nor a readable dump: {exc.problem}"
+        ) from None
+    return DumpGoldens(dump)
+
+
+# --- one test's goldens -------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+class Golden:
+    """The goldens of one test: call it to compare a value, ``.load(name)`` to read one.
+
+    ``Golden(golden_dir, test_id)`` works without pytest (the plugin builds one per test):
+    ``golden_dir`` is a golden directory or a dump, ``test_id`` names the golden file (a pytest
+    node id). With ``update=True`` missing or differing values are recorded instead of failing;
+    outside the plugin they are written at once, inside it when the test finishes.
+    """
+
+    def __init__(
+        self,
+        golden_dir: str | os.PathLike[str] | GoldenSource,
+        test_id: str,
+        *,
+        update: bool = False,
+        tolerance: Tolerance = Tolerance(),
+        dtype_tolerances: Mapping[torch.dtype, Tolerance] | None = None,
+        record_hint: str | None = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+        autoflush: bool = True,
+    ) -> None:
+        if isinstance(golden_dir, (GoldenDirectory, DumpGoldens)):
+            self.source: GoldenSource = golden_dir
+        else:
+            self.source = open_golden_source(golden_dir)
+        if update and not self.source.writable:
+            raise PrecisionError(
+                f"--golden-update cannot write into {self.source.path}: it is a dump, not a "
+                "golden directory"
+            )
+        self.test_id = test_id
+        self.update = update
+        self.tolerance = tolerance
+        self.dtype_tolerances = dict(dtype_tolerances or {})
+        self.records: list[dict[str, Any]] = []
+        self._record_hint = record_hint
+        self._on_record = on_record
+        self._autoflush = autoflush
+        self._file: GoldenFile | object | None = _MISSING
+        self._used: set[str] = set()
+        self._calls = 0
+        self._staged: dict[str, Entry] = {}
+        self._file_unreadable = False
+        self._device: torch.device | None = None
+
+    @property
+    def location(self) -> Path:
+        """The golden file of this test (or the dump serving as goldens)."""
+        if isinstance(self.source, GoldenDirectory):
+            return self.source.file_for(self.test_id)
+        return self.source.path
+
+    # ... reading
+
+    def _golden_file(self) -> GoldenFile | None:
+        if self._file is _MISSING:
+            assert isinstance(self.source, GoldenDirectory)
+            self._file = self.source.read(self.test_id)
+        return self._file  # type: ignore[return-value]
+
+    def _lookup(self, name: str) -> tuple[str, Any]:
+        """``(where, expected)``; ``expected`` is ``_MISSING`` when there is no golden."""
+        if isinstance(self.source, DumpGoldens):
+            found = self.source.lookup(name)
+            if found is None:
+                return f"{self.source.path} (no record or module named {name!r})", _MISSING
+            key, value = found
+            return f"{self.source.path} record {key}", value
+        where = str(self.location)
+        golden_file = self._golden_file()
+        if golden_file is None or name not in golden_file.entries:
+            return where, _MISSING
+        return where, golden_file.value(name)
+
+    def load(self, name: str) -> Any:
+        """The stored golden value ``name`` (tensors on the CPU)."""
+        where, value = self._lookup(name)
+        if value is _MISSING:
+            raise PrecisionError(f"no golden named {name!r} in {where}")
+        return value
+
+    def _environment_lines(self, value: Any) -> list[str]:
+        if isinstance(self.source, DumpGoldens):
+            recorded: Mapping[str, Any] = self.source.dump.environment
+        else:
+            golden_file = self._golden_file()
+            recorded = golden_file.environment if golden_file else {}
+        if not recorded:
+            return []
+        current = _environment(_device_of(value))
+        return environment_diff(flat_fingerprint(recorded), current)
+
+    # ... comparing
+
+    def __call__(
+        self,
+        value: Any,
+        name: str | None = None,
+        *,
+        standard: Standard | str | None = None,
+        rtol: float | None = None,
+        atol: float | None = None,
+    ) -> Comparison | None:
+        """Compare ``value`` with the golden ``name`` (default: the call's position in the test).
+
+        Returns the :class:`Comparison`, or ``None`` when the value was recorded (update mode).
+        """
+        __tracebackhide__ = True
+        name = self._name(name)
+        call_tolerance = Tolerance(standard, rtol, atol)
+        try:
+            where, expected = self._lookup(name)
+        except DumpFormatError as exc:
+            if self.update and not isinstance(exc, NewerSchemaError):
+                self._file, self._file_unreadable = None, True
+                return self._stage(value, name, exc.path, "rewritten", f"was unreadable: {exc}")
+            self._record(name, str(exc.path), "error", message=str(exc))
+            raise
+        if expected is _MISSING:
+            if self.update:
+                return self._stage(value, name, where, "recorded", "no golden yet")
+            self._record(name, where, "missing", message="no golden")
+            raise AssertionError(
+                f"no golden for {name!r} of {self.test_id}: {where} "
+                f"{'has no such value' if Path(where).exists() else 'does not exist'}\n"
+                + self._hint("record it")
+            )
+        try:
+            comparison = self._compare(value, expected, name, call_tolerance)
+        except PrecisionInputError as exc:
+            if self.update:
+                return self._stage(value, name, where, "rewritten", str(exc))
+            self._record(name, where, "error", message=str(exc))
+            raise AssertionError(
+                f"{self.test_id}: value does not match golden {where}: {exc}\n"
+                + self._hint("if the change is intended, re-record")
+            ) from None
+        if self.update and not comparison.passed:
+            return self._stage(value, name, where, "rewritten", "differed", comparison)
+        self._record(name, where, comparison.verdict, comparison=comparison)
+        if not comparison.passed:
+            lines = [f"{self.test_id}: golden mismatch (golden: {where})", comparison.message()]
+            env = self._environment_lines(value)
+            if env:
+                lines += ["environment differs from the run that recorded the golden:", *env]
+            lines.append(self._hint("if the change is intended, re-record"))
+            raise AssertionError("\n".join(lines))
+        if comparison.verdict == "warn":
+            warnings.warn(PrecisionWarning(comparison.message()), stacklevel=2)
+        return comparison
+
+    def _name(self, name: str | None) -> str:
+        if name is None:
+            name = f"{_AUTO_NAME}{self._calls}"
+            self._calls += 1
+        elif not isinstance(name, str) or not name or name.startswith(_AUTO_NAME):
+            raise PrecisionInputError(
+                f"golden name must be a non-empty string not starting with {_AUTO_NAME!r}, "
+                f"not {name!r}"
+            )
+        if name in self._used:
+            raise PrecisionInputError(
+                f"golden name {name!r} is used twice in {self.test_id}; names must be unique "
+                "within a test"
+            )
+        self._used.add(name)
+        return name
+
+    def _compare(
+        self, value: Any, expected: Any, name: str, call_tolerance: Tolerance
+    ) -> Comparison:
+        """Compare leaf by leaf: the tolerance may depend on each leaf's dtype."""
+        items = []
+        for path, a_leaf, e_leaf in iter_leaf_pairs(value, expected):
+            label = f"{name}{path}"
+            a = to_tensor(a_leaf, label)
+            e = to_tensor(e_leaf, f"{label} (golden)")
+            if isinstance(self.source, GoldenDirectory) and (
+                a.dtype != e.dtype or a.shape != e.shape
+            ):
+                raise PrecisionInputError(
+                    f"{label}: value is {_describe(a)}, golden is {_describe(e)}"
+                )
+            tolerance = self._tolerance_for(call_tolerance, a.dtype)
+            result = compare(
+                a,
+                e.to(a.device),
+                standard=tolerance.standard,
+                rtol=tolerance.rtol,
+                atol=tolerance.atol,
+                name=label,
+            )
+            items += [ItemComparison(path, i.comparison, i.details) for i in result.items]
+        return Comparison(name, tuple(items))
+
+    def _tolerance_for(self, call: Tolerance, dtype: torch.dtype) -> Tolerance:
+        """Per call, else per test (marker), else per dtype (ini), else the dtype's default."""
+        for tolerance in (call, self.tolerance, self.dtype_tolerances.get(dtype, Tolerance())):
+            if tolerance.is_set:
+                return tolerance
+        return Tolerance()
+
+    def _hint(self, what: str) -> str:
+        command = self._record_hint or (
+            f"Golden({str(self.source.path)!r}, {self.test_id!r}, update=True)(value, name)"
+        )
+        return f"{what} with:\n  {command}"
+
+    # ... recording
+
+    def _stage(
+        self,
+        value: Any,
+        name: str,
+        where: str,
+        status: str,
+        message: str,
+        comparison: Comparison | None = None,
+    ) -> None:
+        self._staged[name] = flatten(value, name)
+        self._device = self._device or _device_of(value)
+        self._record(name, where, status, comparison=comparison, message=message)
+        if self._autoflush:
+            self.flush(complete=False)
+
+    def flush(self, *, complete: bool) -> None:
+        """Write staged values into the test's golden file in one atomic replace.
+
+        ``complete`` says the test ran to its end, so stored names it did not use are stale
+        and dropped.
+        """
+        if not isinstance(self.source, GoldenDirectory) or not self.update:
+            return
+        golden_file = None if self._file_unreadable else self._golden_file()
+        entries: dict[str, Entry] = dict(golden_file.entries) if golden_file else {}
+        stale = set(entries) - self._used if complete else set()
+        if not self._staged and not stale:
+            return
+        for name in stale:
+            del entries[name]
+        entries.update(self._staged)
+        path = self.location
+        mark_golden_dir(self.source.path)
+        write_golden(path, entries, _environment(self._device))
+        self._file = read_golden(path) if self._autoflush else _MISSING
+        self._staged.clear()
+        self._file_unreadable = False
+
+    def _record(
+        self,
+        name: str,
+        where: str,
+        status: str,
+        *,
+        comparison: Comparison | None = None,
+        message: str = "",
+    ) -> None:
+        record: dict[str, Any] = {
+            "test": self.test_id,
+            "name": name,
+            "golden": where,
+            "status": status,
+            "message": message,
+        }
+        if comparison is not None and comparison.items:
+            worst = max(comparison.items, key=lambda item: _badness(item.comparison))
+            record["verdict"] = comparison.verdict
+            record["standard"] = worst.comparison.standard.name
+            record["worst"] = _item_summary(worst)
+            record["items"] = [_item_summary(item) for item in comparison.items]
+        self.records.append(record)
+        if self._on_record is not None:
+            self._on_record(record)
+
+
+def _badness(c: TensorComparison) -> tuple[int, float, float]:
+    return (VERDICT_ORDER[c.verdict], c.mismatch_ratio, c.max_rel_err)
+
+
+#: What a record keeps of each compared item: enough to rank and to explain, kept small since
+#: records also travel as JUnit properties.
+_ITEM_FIELDS = (
+    "verdict",
+    "reason",
+    "standard",
+    "dtype",
+    "shape",
+    "cosine",
+    "max_abs_err",
+    "max_rel_err",
+    "mean_abs_err",
+    "rmse",
+    "sqnr_db",
+    "max_ulp",
+    "thousandth_ratio",
+    "five_thousandth_ratio",
+    "mismatch_count",
+    "numel",
+)
+
+
+def _item_summary(item: ItemComparison) -> dict[str, Any]:
+    summary = item.comparison.to_dict()
+    return {"path": item.path, **{key: summary[key] for key in _ITEM_FIELDS}}
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')} of shape {tuple(t.shape)}"
+
+
+def _device_of(value: Any) -> torch.device | None:
+    for _, leaf, _ in iter_leaf_pairs(value, value):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device
+    return None
+
+
+def record_command(test_id: str, golden_dir: Path, invocation_dir: Path) -> str:
+    """The exact command line that records a test's goldens."""
+    try:
+        shown = golden_dir.relative_to(invocation_dir)
+    except ValueError:
+        shown = golden_dir
+    return (
+        f"python -m pytest {shlex.quote(test_id)} --golden-dir {shlex.quote(str(shown))} "
+        "--golden-update"
+    )
+
+
+# --- the active golden ---------------------------------------------------------------------------
+
+
+def activate(factory: Callable[[], Golden] | None) -> int:
+    """Make ``factory`` build the golden used by :func:`assert_close_to_golden`; returns a token
+    for :func:`deactivate`."""
+    _ACTIVE.append(factory)
+    return len(_ACTIVE) - 1
+
+
+def deactivate(token: int) -> None:
+    del _ACTIVE[token:]
+
+
+def current_golden() -> Golden:
+    """The running test's :class:`Golden` (the pytest plugin activates one per test)."""
+    __tracebackhide__ = True
+    factory = _ACTIVE[-1] if _ACTIVE else None
+    if factory is None:
+        raise PrecisionError(
+            "assert_close_to_golden() runs inside a pytest test with the pytest-precision "
+            "plugin (goldens are named after the test); outside pytest use "
+            "Golden(golden_dir, test_id)(value, name)"
+        )
+    return factory()
+
+
+def assert_close_to_golden(
+    value: Any,
+    name: str | None = None,
+    *,
+    standard: Standard | str | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Comparison | None:
+    """Assert that ``value`` is close to the running test's golden ``name``.
+
+    Without ``name`` the golden is named after the call's position in the test (``#0``, ``#1``,
+    ...); give one to keep it stable across edits. Tolerances: this call's, else the test's
+    ``@pytest.mark.precision``, else the ini ``precision_tolerances`` for the dtype, else the
+    dtype's default standard. Returns the :class:`Comparison` (``None`` when recorded).
+    """
+    __tracebackhide__ = True
+    return current_golden()(value, name, standard=standard, rtol=rtol, atol=atol)

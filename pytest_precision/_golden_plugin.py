@@ -1,0 +1,394 @@
+"""The goldens side of the pytest plugin: one :class:`Golden` per test, reports, xdist.
+
+Each comparison travels as a JSON user property of its test (so it lands in JUnit XML and
+reaches the xdist controller with the test's reports); the controller, or the only process in
+a serial run, aggregates them into the terminal summary and the JSON report. Workers send the
+golden files their collection uses through ``workeroutput``, so unused goldens are found the
+same way with or without xdist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+
+from ._errors import PrecisionError, PrecisionInputError
+from ._golden import (
+    STATUSES,
+    UPDATED,
+    Golden,
+    GoldenSource,
+    Tolerance,
+    activate,
+    deactivate,
+    open_golden_source,
+    parse_tolerances,
+    record_command,
+)
+from ._golden_files import (
+    MARKER,
+    SCHEMA_VERSION,
+    atomic_write,
+    golden_relpath,
+    golden_scope,
+    is_golden_dir,
+    list_goldens,
+    list_stale_temps,
+    mark_golden_dir,
+)
+
+#: Name prefix of the user properties carrying golden records (one per comparison).
+PROPERTY_PREFIX = "precision.golden"
+_WORKER_OUTPUT_KEY = "pytest_precision_goldens"
+PLUGIN_NAME = "precision-goldens"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("precision")
+    group.addoption(
+        "--golden-dir",
+        metavar="DIR",
+        help="folder of goldens for assert_close_to_golden (or a dump serving as goldens); "
+        "ini: golden_dir",
+    )
+    group.addoption(
+        "--golden-update",
+        action="store_true",
+        help="record missing goldens and rewrite differing ones (listed in the summary)",
+    )
+    group.addoption(
+        "--golden-prune",
+        action="store_true",
+        help="delete golden files no collected test uses (only in an unfiltered run)",
+    )
+    group.addoption(
+        "--precision-report",
+        metavar="PATH",
+        help="write every golden comparison, with its metrics, to this JSON file",
+    )
+    parser.addini("golden_dir", "folder of goldens (relative to the ini file)", type="paths")
+    parser.addini(
+        "precision_tolerances",
+        "per-dtype tolerances for goldens, one 'DTYPE: standard=NAME rtol=X atol=Y' per line",
+        type="linelist",
+    )
+
+
+class GoldenPlugin:
+    """Per-test goldens, and the aggregation of every comparison of the run."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.invocation_dir = config.invocation_params.dir
+        self.golden_dir = self._golden_dir(config)
+        self.update: bool = config.getoption("golden_update")
+        self.prune: bool = config.getoption("golden_prune")
+        report = config.getoption("precision_report")
+        self.report_path = None if report is None else self.invocation_dir / report
+        try:
+            self.dtype_tolerances = parse_tolerances(config.getini("precision_tolerances"))
+        except PrecisionInputError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        if (self.update or self.prune) and self.golden_dir is None:
+            raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
+        if self.update and not hasattr(config, "workerinput") and is_golden_dir(self.golden_dir):
+            # Marked before any xdist worker starts: a half-written folder never looks like a dump.
+            mark_golden_dir(self.golden_dir)
+        self._source: GoldenSource | PrecisionError | None = None
+        self.records: list[dict[str, Any]] = []
+        # what the run's collection used: golden paths, and whether it was narrowed
+        self.used: set[PurePosixPath] = set()
+        self.collected = False
+        self.narrowed_by: set[str] = set()
+        self.unused: list[PurePosixPath] | None = None
+        self.pruned: list[str] = []
+
+    def _golden_dir(self, config: pytest.Config) -> Path | None:
+        option = config.getoption("golden_dir")
+        if option:
+            return (self.invocation_dir / option).resolve()
+        paths = config.getini("golden_dir")
+        if len(paths) > 1:
+            raise pytest.UsageError(f"golden_dir names one folder, got {len(paths)}")
+        return paths[0].resolve() if paths else None
+
+    # --- test lifecycle (serial run or xdist worker) -------------------------------------------
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        __tracebackhide__ = True
+        built: list[Golden] = []
+
+        def factory() -> Golden:
+            __tracebackhide__ = True
+            if not built:
+                built.append(self._golden_for(item))
+            return built[0]
+
+        item.stash[_built_key] = built
+        item.stash[_token_key] = activate(factory)
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        try:
+            result = yield
+        except BaseException:
+            self._flush(item, complete=False)
+            raise
+        self._flush(item, complete=True)
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        try:
+            return (yield)
+        finally:
+            token = item.stash.get(_token_key, None)
+            if token is not None:
+                deactivate(token)
+                del item.stash[_token_key]
+            self._flush(item, complete=False)
+
+    def _flush(self, item: pytest.Item, *, complete: bool) -> None:
+        for golden in item.stash.get(_built_key, []):
+            golden.flush(complete=complete)
+
+    def _golden_for(self, item: pytest.Item) -> Golden:
+        __tracebackhide__ = True
+        if self.golden_dir is None:
+            raise PrecisionError(
+                "no golden directory: pass --golden-dir DIR or set golden_dir in the ini file"
+            )
+        if self._source is None:
+            try:
+                self._source = open_golden_source(self.golden_dir)
+            except PrecisionError as exc:
+                self._source = exc
+        if isinstance(self._source, PrecisionError):
+            raise self._source
+        test_id = item.nodeid
+        target = os.path.relpath(item.path, self.invocation_dir)
+        if "::" in test_id:
+            target += "::" + test_id.split("::", 1)[1]
+
+        def on_record(record: dict[str, Any]) -> None:
+            item.user_properties.append(
+                (f"{PROPERTY_PREFIX}[{record['name']}]", json.dumps(record, sort_keys=True))
+            )
+
+        return Golden(
+            self._source,
+            test_id,
+            update=self.update,
+            tolerance=_marker_tolerance(item),
+            dtype_tolerances=self.dtype_tolerances,
+            record_hint=record_command(target, self.golden_dir, self.invocation_dir),
+            on_record=on_record,
+            autoflush=False,
+        )
+
+    # --- collection: which golden files this run uses ------------------------------------------
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        if items:
+            self.narrowed_by.add("deselected tests")
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.narrowed_by.add("collection errors")
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected = True
+        self.used.update(golden_relpath(item.nodeid) for item in session.items)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        worker_output = getattr(self.config, "workeroutput", None)
+        if worker_output is not None:
+            worker_output[_WORKER_OUTPUT_KEY] = {
+                "collected": self.collected,
+                "used": sorted(str(p) for p in self.used),
+                "narrowed_by": sorted(self.narrowed_by),
+            }
+            return
+        self._find_unused()
+        if self.report_path is not None:
+            self._write_report()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        output = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT_KEY)
+        if output is None:
+            self.narrowed_by.add("a worker that sent no collection")
+            return
+        self.collected = self.collected or output["collected"]
+        self.used.update(PurePosixPath(p) for p in output["used"])
+        self.narrowed_by.update(output["narrowed_by"])
+
+    def _scopes(self) -> list[PurePosixPath] | None:
+        """Golden folders the run's arguments cover; None when an argument names tests."""
+        if self.config.getoption("lf", False):
+            self.narrowed_by.add("--last-failed")
+        scopes = []
+        for arg in self.config.args:
+            if "::" in arg:
+                self.narrowed_by.add(f"the argument {arg}")
+                return None
+            path = (self.invocation_dir / arg).resolve()
+            try:
+                relative = path.relative_to(self.config.rootpath)
+            except ValueError:
+                self.narrowed_by.add(f"the argument {arg} outside the rootdir")
+                return None
+            scopes.append(golden_scope(PurePosixPath(relative.as_posix())))
+        return scopes
+
+    def _find_unused(self) -> None:
+        # Only a marked golden directory: a dump serving as goldens has no unused files.
+        if self.golden_dir is None or not (self.golden_dir / MARKER).is_file():
+            return
+        if not self.collected:
+            return
+        scopes = self._scopes()
+        if scopes is None or self.narrowed_by:
+            return
+        self.unused = [
+            path
+            for path in list_goldens(self.golden_dir)
+            if path not in self.used and any(_is_under(path, scope) for scope in scopes)
+        ]
+        if self.prune:
+            for path in self.unused:
+                (self.golden_dir / path).unlink()
+                self.pruned.append(str(path))
+            for temp in list_stale_temps(self.golden_dir):
+                temp.unlink()
+            _remove_empty_dirs(self.golden_dir)
+
+    # --- reporting (serial run or xdist controller) ---------------------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown":
+            self.records += _records_of(report)
+
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
+        updated = any(record["status"] in UPDATED for record in _records_of(report))
+        if report.when == "call" and report.passed and updated:
+            return "updated", "U", ("UPDATED", {"yellow": True})
+        return None
+
+    def sorted_records(self) -> list[dict[str, Any]]:
+        return sorted(self.records, key=_record_order)
+
+    def _write_report(self) -> None:
+        assert self.report_path is not None
+        content = {
+            "schema": SCHEMA_VERSION,
+            "golden_dir": None if self.golden_dir is None else str(self.golden_dir),
+            "update": self.update,
+            "comparisons": self.sorted_records(),
+            "unused_goldens": None if self.unused is None else [str(p) for p in self.unused],
+            "pruned": self.pruned,
+        }
+        data = json.dumps(content, indent=2, sort_keys=True) + "\n"
+        atomic_write(self.report_path, data.encode())
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if getattr(self.config, "workeroutput", None) is not None:
+            return
+        skipped_prune = self.prune and self.unused is None
+        if not self.records and not self.unused and not skipped_prune:
+            return
+        tr = terminalreporter
+        tr.write_sep("=", "golden comparisons (pytest-precision)")
+        for record in self.sorted_records():
+            tr.write_line(_summary_line(record))
+        updated = [r for r in self.sorted_records() if r["status"] in UPDATED]
+        if updated:
+            tr.write_line(
+                f"golden update: recorded {sum(r['status'] == 'recorded' for r in updated)}, "
+                f"rewrote {sum(r['status'] == 'rewritten' for r in updated)} value(s) "
+                f"in {self.golden_dir}"
+            )
+        if self.unused:
+            verb = "deleted" if self.pruned else "delete them with --golden-prune"
+            tr.write_line(f"unused goldens (no collected test uses them; {verb}):")
+            for path in self.unused:
+                tr.write_line(f"  {path}")
+        if skipped_prune:
+            why = ", ".join(sorted(self.narrowed_by)) or "no collection to compare with"
+            tr.write_line(f"--golden-prune deleted nothing: unused goldens need a full run ({why})")
+        if self.report_path is not None:
+            tr.write_line(f"precision report written to {self.report_path}")
+
+
+_built_key = pytest.StashKey[list[Golden]]()
+_token_key = pytest.StashKey[int]()
+
+
+def _marker_tolerance(item: pytest.Item) -> Tolerance:
+    marker = item.get_closest_marker("precision")
+    if marker is None:
+        return Tolerance()
+    unknown = set(marker.kwargs) - {"standard", "rtol", "atol"}
+    if marker.args or unknown:
+        raise PrecisionInputError(
+            f"{item.nodeid}: @pytest.mark.precision takes only the keywords standard=, rtol=, "
+            f"atol= (got {marker.args or ''}{sorted(unknown) or ''})"
+        )
+    return Tolerance(**marker.kwargs)
+
+
+def _records_of(report: pytest.TestReport) -> list[dict[str, Any]]:
+    return [
+        json.loads(value)
+        for name, value in report.user_properties
+        if isinstance(name, str) and name.startswith(PROPERTY_PREFIX)
+    ]
+
+
+def _record_order(record: dict[str, Any]) -> tuple[Any, ...]:
+    worst = record.get("worst", {})
+    cosine = worst.get("cosine", 1.0)
+    numel = worst.get("numel") or 1
+    return (
+        STATUSES.index(record["status"]),
+        -worst.get("mismatch_count", 0) / numel,
+        cosine if isinstance(cosine, float) else -1.0,
+        record["test"],
+        record["name"],
+    )
+
+
+def _number(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _summary_line(record: dict[str, Any]) -> str:
+    head = f"{record['status'].upper():<9} {record['test']} {record['name']}"
+    worst = record.get("worst")
+    if worst is None:
+        return f"{head}: {record['message'].splitlines()[0] if record['message'] else ''}"
+    where = f"{worst['path']} " if worst["path"] else ""
+    return (
+        f"{head} [{record['standard']}] {where}cosine {_number(worst['cosine'])} "
+        f"max abs {_number(worst['max_abs_err'])} max rel {_number(worst['max_rel_err'])} "
+        f"mismatched {worst['mismatch_count']}/{worst['numel']}"
+    )
+
+
+def _is_under(path: PurePosixPath, scope: PurePosixPath) -> bool:
+    return str(scope) == "." or scope in path.parents
+
+
+def _remove_empty_dirs(root: Path) -> None:
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()

@@ -1,0 +1,81 @@
+"""kill -9 during golden updates leaves every golden file old or new, never torn.
+
+A forked child rewrites the goldens of a few tests in a loop through the same update path the
+plugin uses; the parent kills it with SIGKILL at random moments and then reads every file back.
+Fork (not spawn) keeps each round at milliseconds instead of a torch import.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_precision import Golden
+from pytest_precision._golden_files import golden_relpath, list_stale_temps, read_golden
+
+KILLS = 60  # at least this many kills...
+MID_WRITE = 5  # ...and on until this many landed inside a write (timing varies with load)
+MAX_KILLS = 600
+TESTS = [f"tests/test_model.py::test_layer[{i}]" for i in range(3)]
+SHAPE = (128, 1024)  # 512 KiB of float32: a write takes long enough to be hit mid-way
+
+
+def _writer(directory: Path, first_version: int) -> None:
+    """Rewrite every test's golden with an ever newer version until killed."""
+    torch.set_num_threads(1)
+    version = first_version
+    while True:
+        for test_id in TESTS:
+            golden = Golden(directory, test_id, update=True)
+            golden(torch.full(SHAPE, float(version)), "x", standard="exact")
+        version += 1
+
+
+def _version(path: Path) -> int | None:
+    if not path.exists():
+        return None
+    value = read_golden(path).value("x")
+    assert value.shape == SHAPE
+    first = value.flatten()[0]
+    assert bool(value.eq(first).all()), f"{path} mixes two versions"
+    return int(first)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_kill_9_during_update_leaves_old_or_new(tmp_path: Path) -> None:
+    rng = random.Random(1234)
+    paths = [tmp_path / golden_relpath(test_id) for test_id in TESTS]
+    versions: list[int | None] = [None] * len(paths)
+    killed_mid_write = 0
+    round_ = 0
+    while round_ < KILLS or (killed_mid_write < MID_WRITE and round_ < MAX_KILLS):
+        round_ += 1
+        first_version = 1000 * round_
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover  (the child never returns: it is killed)
+            try:
+                _writer(tmp_path, first_version)
+            finally:
+                os._exit(1)
+        time.sleep(rng.uniform(0.005, 0.1))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status), "the writer died before it was killed"
+        for i, path in enumerate(paths):
+            version = _version(path)
+            old, new = versions[i], range(first_version, first_version + 1000)
+            assert version == old or version in new, f"{path}: version {version}"
+            versions[i] = version
+        stale = list_stale_temps(tmp_path)
+        killed_mid_write += bool(stale)
+        for temp in stale:
+            temp.unlink()
+    print(f"{round_} kills, {killed_mid_write} inside a write, final versions {versions}")
+    assert all(v is not None for v in versions)
+    assert killed_mid_write >= MID_WRITE, "too few kills landed inside a write to prove anything"

@@ -46,14 +46,15 @@ _MAX_PART = 100
 Structure = dict[str, Any]
 
 
-def _safe_part(part: str) -> str:
-    """One path component: readable, filesystem-safe, and distinct whenever the input differs."""
+def _safe_part(part: str, max_len: int = _MAX_PART) -> str:
+    """One path component: readable, filesystem-safe, at most ``max_len`` characters, and
+    distinct whenever the input differs."""
     safe = _UNSAFE.sub("_", part)
     if safe in ("", ".", ".."):
         safe = "_" * max(len(safe), 1)
-    if safe != part or len(safe) > _MAX_PART:
+    if safe != part or len(safe) > max_len:
         digest = hashlib.sha1(part.encode("utf-8")).hexdigest()[:8]
-        safe = f"{safe[: _MAX_PART - 9]}-{digest}"
+        safe = f"{safe[: max_len - 9]}-{digest}"
     return safe
 
 
@@ -75,7 +76,8 @@ def golden_relpath(nodeid: str) -> PurePosixPath:
     plus :data:`SUFFIX`. Characters outside ``A-Z a-z 0-9 _ . = + , @ ( ) [ ] -`` become ``_``
     and such a component gets a short hash of the original, so two ids never share a file.
     """
-    parts = [_safe_part(p) for p in _split_nodeid(nodeid)]
+    *folders, name = _split_nodeid(nodeid)
+    parts = [*(_safe_part(p) for p in folders), _safe_part(name, _MAX_PART - len(SUFFIX))]
     parts[-1] += SUFFIX
     return PurePosixPath(*parts)
 

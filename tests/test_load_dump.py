@@ -2,48 +2,25 @@
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 from dump_helpers import MSPROBE_FIXTURES
 
-from pytest_precision import Dump, DumpFormatError, load_dump
+from pytest_precision import DumpFormatError, load_dump
 
 
-@pytest.fixture
-def fake_native(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Stands in for the native reader: any folder holding ``NATIVE`` is native."""
-    seen: list[Path] = []
-    module = types.ModuleType("pytest_precision.dump._native")
+def test_native_dumps_go_to_the_native_reader(tmp_path: Path) -> None:
+    import torch
 
-    def is_native_dump(path: Path) -> bool:
-        seen.append(path)
-        return (path / "NATIVE").exists()
+    from pytest_precision import capture
 
-    def read_native_dump(path: Path) -> Dump:
-        return Dump(path=path, format="native", records=[])
-
-    module.is_native_dump = is_native_dump  # type: ignore[attr-defined]
-    module.read_native_dump = read_native_dump  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    return seen
-
-
-def test_native_dumps_go_to_the_native_reader(tmp_path: Path, fake_native: list[Path]) -> None:
-    (tmp_path / "NATIVE").touch()
-    np.save(tmp_path / "shard.npy", np.zeros(2))  # would also pass for a plain folder
-    dump = load_dump(str(tmp_path))
-    assert dump.format == "native"
-    assert fake_native == [tmp_path]
-
-
-def test_other_layouts_are_asked_of_the_native_reader_first(fake_native: list[Path]) -> None:
-    path = MSPROBE_FIXTURES / "l1_md5"
-    assert load_dump(path).format == "msprobe"
-    assert fake_native == [path]
+    model = torch.nn.Linear(2, 2)
+    with capture(model, tmp_path / "dump", level="module"):
+        model(torch.ones(1, 2))
+    np.save(tmp_path / "dump" / "stray.npy", np.zeros(2))  # would also pass for a plain folder
+    assert load_dump(tmp_path / "dump").format == "native"
 
 
 def test_msprobe_wins_over_stray_tensor_files() -> None:

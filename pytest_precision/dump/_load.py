@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .._errors import DumpFormatError
 from ._msprobe import is_msprobe_dump, read_msprobe_dump
+from ._native import is_native_dump, read_native_dump
 from ._plain import SUFFIXES, read_plain_dump, tensor_files
 from ._records import Dump
 
@@ -33,9 +34,7 @@ def _dispatch(path: Path) -> Dump:
         if path.suffix in SUFFIXES:
             return read_plain_dump(path)
         raise DumpFormatError(path, f"unknown dump file type; expected dump.json or {_suffixes()}")
-    if _is_native_dump(path):
-        from ._native import read_native_dump
-
+    if is_native_dump(path):
         return read_native_dump(path)
     if is_msprobe_dump(path):
         return read_msprobe_dump(path)
@@ -48,18 +47,6 @@ def _dispatch(path: Path) -> Dump:
         "unknown dump layout: no native manifest, no msprobe dump.json "
         f"(step*/rank*|proc*/), no {_suffixes()} files",
     )
-
-
-def _is_native_dump(path: Path) -> bool:
-    # Imported lazily: the native format lives in a module merged separately; until it is there,
-    # nothing is native. (Once merged, this guard can become a plain import.)
-    try:
-        from ._native import is_native_dump
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}._native":
-            raise
-        return False
-    return is_native_dump(path)
 
 
 def _suffixes() -> str:

@@ -18,14 +18,6 @@ import torch
 CHUNK_NUMEL = 1 << 18
 
 
-#: Float dtypes most torch kernels lack (isfinite, aminmax, ==): read as float32, exactly.
-_WIDENED: frozenset[torch.dtype] = frozenset(
-    getattr(torch, name)
-    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
-    if hasattr(torch, name)
-)
-
-
 def flatten_detached(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a flat, detached tensor: a view when contiguous, else one copy in its own dtype."""
     return t.detach().reshape(-1)
@@ -34,7 +26,9 @@ def flatten_detached(t: torch.Tensor) -> torch.Tensor:
 def chunk_of(flat: torch.Tensor, start: int, chunk_numel: int) -> torch.Tensor:
     """Elements ``start:start + chunk_numel`` of a flat tensor, widened if kernels need it."""
     chunk = flat[start : start + chunk_numel]
-    return chunk.float() if chunk.dtype in _WIDENED else chunk
+    # One-byte floats (float8 formats) lack most kernels (isfinite, aminmax, ==): float32 holds
+    # them exactly.
+    return chunk.float() if chunk.is_floating_point() and chunk.element_size() == 1 else chunk
 
 
 def iter_flat_chunks(t: torch.Tensor, chunk_numel: int = CHUNK_NUMEL) -> Iterator[torch.Tensor]:
@@ -87,10 +81,7 @@ def _float64_copy(chunk: torch.Tensor) -> torch.Tensor:
 
 
 def _with_reduction_kernels(chunk: torch.Tensor) -> torch.Tensor:
-    """``chunk`` in a dtype torch can reduce, exactly: the float8 formats ``chunk_of`` leaves
-    alone (e8m0) as float32, uint16/32 as int64."""
-    if chunk.is_floating_point() and chunk.element_size() == 1:
-        return chunk.to(torch.float32)
+    """``chunk`` in a dtype torch can reduce (aminmax, sum), exactly: uint16/32 as int64."""
     if chunk.dtype in (torch.uint16, torch.uint32):
         return chunk.to(torch.int64)
     if chunk.dtype == torch.uint64:
@@ -100,11 +91,11 @@ def _with_reduction_kernels(chunk: torch.Tensor) -> torch.Tensor:
 
 def tensor_stats(t: torch.Tensor) -> TensorStats:
     """Compute :class:`TensorStats` of ``t`` with float64 accumulation, chunk by chunk."""
+    numel = t.numel()  # elements of ``t`` itself, also for complex tensors
     if t.is_complex():
-        t = torch.view_as_real(t)
+        t = torch.view_as_real(t.resolve_conj().resolve_neg())
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
-    numel = t.numel()
     total = 0.0
     sq_total = 0.0
     lo = math.inf
@@ -133,7 +124,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         hi = max(hi, float(c_hi))
         total += c_total
         sq_total += float(torch.dot(c64, c64))
-    finite_count = numel - nan - posinf - neginf
+    finite_count = t.numel() - nan - posinf - neginf  # real components, for complex tensors
     if finite_count == 0:
         return TensorStats(math.nan, math.nan, math.nan, math.nan, nan, posinf, neginf, numel)
     return TensorStats(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import sys
 import textwrap
@@ -24,6 +26,7 @@ from pytest_precision import (
     DumpFormatError,
     PrecisionError,
     PrecisionInputError,
+    PrecisionWarning,
     Record,
     capture,
     tensor_stats,
@@ -401,3 +404,86 @@ def test_each_rank_of_a_real_process_group_writes_its_folder(tmp_path: Path) -> 
     logits = [r for r in records if r.key == "Module.TinyLlamaForCausalLM.forward.0.output.0"]
     assert len(logits) == 2
     assert logits[0].stats != logits[1].stats  # each rank saw its own input
+
+
+# -- found in review -------------------------------------------------------------------------------
+
+
+class _WritesThroughAView(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 1
+        y[0].fill_(7.0)  # a write through a view, as KV-cache updates do
+        return torch.relu(y)
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_writes_through_a_view_are_seen(tmp_path: Path, grad_mode: Any) -> None:
+    model = _WritesThroughAView()
+    with grad_mode(), capture(model, tmp_path / "d", level="op"):
+        model(torch.arange(4.0))
+    relu = {r.slot: r.load() for r in read_native_dump(tmp_path / "d") if r.op == "relu"}
+    assert relu["input.0"].tolist() == [7.0, 1.0, 2.0, 3.0]
+
+
+@dataclasses.dataclass
+class _Pair:
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+class _ReturnsADataclass(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> _Pair:
+        return _Pair(x + 1, x * 2)
+
+
+def test_dataclass_outputs_are_recorded_field_by_field(tmp_path: Path) -> None:
+    model = _ReturnsADataclass()
+    with capture(model, tmp_path / "d", level="module"):
+        out = model(torch.arange(3.0))
+    records = {r.slot: r for r in read_native_dump(tmp_path / "d")}
+    assert torch.equal(records["output.0.a"].load(), out.a)
+    assert torch.equal(records["output.0.b"].load(), out.b)
+
+
+class _Raises(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fc(x)
+        raise RuntimeError("boom")
+
+
+def test_a_failed_forward_records_no_output_and_says_what_ended_it(tmp_path: Path) -> None:
+    model = _Raises()
+    with pytest.raises(RuntimeError, match="boom"), capture(model, tmp_path / "d", level="module"):
+        model(torch.ones(1, 2))
+    dump = read_native_dump(tmp_path / "d")
+    outputs = [(r.name, r.slot) for r in dump if r.slot.startswith("output")]
+    assert outputs == [("Module.fc.Linear.forward.0", "output.0")]  # only the child finished
+    manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert "boom" in manifest["interrupted_by"]
+
+
+class _Conj(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.conj() * 1
+
+
+def test_statistics_of_conjugate_complex_values(tmp_path: Path) -> None:
+    model = _Conj()
+    with capture(model, tmp_path / "d", level="op", mode="statistics"):
+        model(torch.tensor([1 + 2j, 3 - 1j]))
+    stats = [r.stats for r in read_native_dump(tmp_path / "d") if r.slot == "output.0"]
+    assert stats[0] is not None
+    assert stats[0].numel == 2
+
+
+def test_op_level_warns_about_fused_fast_paths(tmp_path: Path) -> None:
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0).eval()
+    with (
+        pytest.warns(PrecisionWarning, match="TransformerEncoderLayer skip its fused fast path"),
+        capture(layer, tmp_path / "d", level="op", mode="statistics"),
+    ):
+        pass

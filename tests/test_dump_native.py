@@ -250,6 +250,13 @@ def _truncate_shard_and_its_size(dump: Path) -> None:
             "truncated",
         ),
         (lambda d: _edit_first_record(d, stats={"$bogus": 1}), "records.jsonl:1", "statistics"),
+        (lambda d: _edit_first_record(d, shape=[-1, -16]), "records.jsonl:1", "malformed shape"),
+        (lambda d: _edit_first_record(d, shape=5), "records.jsonl:1", "malformed shape"),
+        (
+            lambda d: (d / "rank0" / "records.jsonl").write_bytes(b"\xff\n"),
+            "records.jsonl",
+            "not UTF-8",
+        ),
     ],
 )
 def test_bad_dumps_are_refused_with_file_and_problem(

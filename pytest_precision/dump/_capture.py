@@ -3,14 +3,20 @@
 Modules are observed with forward pre/post hooks; operators with a ``TorchFunctionMode``, which
 sees every torch-level call (``torch.*``, ``torch.nn.functional.*``, Tensor methods and
 operators) without a list of ops to maintain. Capture only observes: hooks return nothing and the
-mode calls the original function with the original arguments, so outputs stay bitwise the same.
+mode calls the original function with the original arguments, so outputs stay bitwise the same,
+with one exception: modules with a fused fast path that torch takes only when no torch-function
+mode is active (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer`` in eval mode) run their
+regular path at the op and mix levels, which may change the last bits; capture warns about them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import itertools
+import sys
+import warnings
 import weakref
 from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -22,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .._errors import PrecisionInputError
+from .._errors import PrecisionInputError, PrecisionWarning
 from ._native import encode_value
 from ._safe_io import dtype_name
 from ._writer import DumpWriter, summarize
@@ -89,46 +95,35 @@ def _op_kind_and_name(func: Any) -> tuple[str, str, bool]:
     return _classify_cached(func) if isinstance(func, Hashable) else _classify(func)
 
 
-_IN_PLACE_OPERATORS = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow")
-_IN_PLACE_BITWISE = ("and", "or", "xor", "lshift", "rshift")
-_IN_PLACE_DUNDERS = frozenset(
-    f"__i{name}__" for name in _IN_PLACE_OPERATORS + _IN_PLACE_BITWISE
-) | {"__setitem__"}
-
-
-def _mutates(op: str, kwargs: Mapping[str, Any]) -> bool:
-    """Whether a call may write to its arguments: ``add_``, ``x += y``, ``x[i] = y``, ``out=``."""
-    return (
-        (op.endswith("_") and not op.endswith("__"))
-        or op in _IN_PLACE_DUNDERS
-        or kwargs.get("out") is not None
-        or kwargs.get("inplace") is True
-    )
-
-
 # -- walking values --------------------------------------------------------------------------------
+
+
+def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
+    """(key, item) pairs of a container (tuple, list, mapping, dataclass), None otherwise."""
+    if isinstance(value, (tuple, list)):
+        return ((str(i), item) for i, item in enumerate(value))
+    if isinstance(value, Mapping):
+        return ((str(k), item) for k, item in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    return None
 
 
 def _has_tensor(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
-    if isinstance(value, (tuple, list)):
-        return any(_has_tensor(item) for item in value)
-    if isinstance(value, Mapping):
-        return any(_has_tensor(item) for item in value.values())
-    return False
+    items = _items(value)
+    return items is not None and any(_has_tensor(item) for _, item in items)
 
 
 def _leaves(slot: str, value: Any) -> Iterator[tuple[str, Any]]:
     """(slot, leaf) pairs: containers holding tensors are opened, anything else is one leaf."""
-    if isinstance(value, (tuple, list)) and _has_tensor(value):
-        for index, item in enumerate(value):
-            yield from _leaves(f"{slot}.{index}", item)
-    elif isinstance(value, Mapping) and _has_tensor(value):
-        for key, item in value.items():
-            yield from _leaves(f"{slot}.{key}", item)
-    else:
+    items = _items(value) if _has_tensor(value) and not isinstance(value, torch.Tensor) else None
+    if items is None:
         yield slot, value
+        return
+    for key, item in items:
+        yield from _leaves(f"{slot}.{key}", item)
 
 
 def _output_slots(output: Any) -> Iterator[tuple[str, Any]]:
@@ -172,8 +167,6 @@ class _OpMode(TorchFunctionMode):
             call = capture._op_call(kind, op)
             capture._record_inputs(call, args, kwargs)  # before the call: in-place ops
         output = func(*args, **kwargs)
-        if _mutates(op, kwargs):
-            capture._forget(args, kwargs)
         if recording and metadata and _has_tensor(output):  # a property such as .T
             call = capture._op_call(kind, op)
             capture._record_inputs(call, args, kwargs)
@@ -248,6 +241,7 @@ class Capture:
                 )
             )
         if self.level != "module":
+            _warn_about_fast_paths(self.model)
             self._mode = _OpMode(self)
             self._mode.__enter__()
         return self
@@ -266,7 +260,7 @@ class Capture:
         self._handles.clear()
         self._seen.clear()
         if self._writer is not None:
-            self._writer.close()
+            self._writer.close(interrupted_by=None if exc is None else repr(exc))
             self._writer = None
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -301,7 +295,9 @@ class Capture:
                     break
             else:
                 return
-            if self.level == "op" or not self._recording:
+            # always_call hooks run from torch's exception handler when forward raised: the call
+            # produced no output, so none is recorded.
+            if self.level == "op" or not self._recording or sys.exc_info()[1] is not None:
                 return
             parent = self._stack[-1][0] if self._stack else None
             cls = type(module).__name__
@@ -388,16 +384,14 @@ class Capture:
         if version is not None:
             self._remember(t, version, key)
 
-    def _version(self, t: torch.Tensor) -> int | None:
+    @staticmethod
+    def _version(t: torch.Tensor) -> int | None:
         """What tells whether ``t`` changed since it was recorded; ``None``: nothing does.
 
-        Inference tensors have no version counter; the op mode then forgets a tensor whenever
-        a call looks like it writes to it (:func:`_mutates`), and without the op mode such a
-        tensor is never shared between records.
+        Inference tensors have no version counter, and a write through any view of their
+        storage would go unseen, so they are never shared between records.
         """
-        if not t.is_inference():
-            return t._version
-        return -1 if self._mode is not None else None
+        return None if t.is_inference() else t._version
 
     def _remember(self, t: torch.Tensor, version: int, key: str) -> None:
         ident = id(t)
@@ -408,10 +402,26 @@ class Capture:
 
         self._seen[ident] = (weakref.ref(t, forget), version, key)
 
-    def _forget(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        for _, value in itertools.chain(_leaves("", args), _leaves("", kwargs)):
-            if isinstance(value, torch.Tensor):
-                self._seen.pop(id(value), None)
+
+#: Modules whose fused inference fast path is skipped while a torch-function mode is active.
+_FAST_PATH_MODULES = (
+    torch.nn.MultiheadAttention,
+    torch.nn.TransformerEncoderLayer,
+    torch.nn.TransformerEncoder,
+)
+
+
+def _warn_about_fast_paths(model: torch.nn.Module) -> None:
+    found = sorted({type(m).__name__ for m in model.modules() if isinstance(m, _FAST_PATH_MODULES)})
+    if found:
+        warnings.warn(
+            PrecisionWarning(
+                f"capture at the op level makes {', '.join(found)} skip its fused fast path: "
+                "outputs may differ in the last bits from a run without capture (use "
+                "level='module' for bitwise-identical outputs)"
+            ),
+            stacklevel=3,
+        )
 
 
 def _patterns(patterns: Iterable[str] | str | None) -> tuple[str, ...] | None:

@@ -257,7 +257,14 @@ def _read_index(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     except FileNotFoundError:
         raise DumpFormatError(path, "missing record index") from None
     with handle:
-        for number, line in enumerate(handle, start=1):
+        lines = enumerate(handle, start=1)
+        while True:
+            try:
+                number, line = next(lines)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as exc:
+                raise DumpFormatError(path, f"not UTF-8 text: {exc.reason}") from None
             if not line.endswith("\n"):
                 raise DumpFormatError(path, f"line {number}: truncated record")
             try:
@@ -267,6 +274,10 @@ def _read_index(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not isinstance(entry, dict):
                 raise DumpFormatError(path, f"line {number}: expected a JSON object")
             yield number, entry
+
+
+def _is_shape(shape: object) -> bool:
+    return isinstance(shape, list) and all(type(size) is int and size >= 0 for size in shape)
 
 
 _REQUIRED = {"name": str, "slot": str, "kind": str, "op": str, "step": int}
@@ -289,6 +300,8 @@ def _record(
         raise DumpFormatError(where, f"malformed value or statistics: {exc}") from None
     dtype = entry.get("dtype")
     shape = entry.get("shape")
+    if shape is not None and not _is_shape(shape):
+        raise DumpFormatError(where, f"malformed shape {shape!r}")
     loader = None
     if entry.get("data") is not None:
         loader = _loader(entry["data"], dtype, shape, folder, headers, where)
@@ -328,7 +341,7 @@ def _loader(
         raise DumpFormatError(folder / shard_name, f"has no tensor {key!r} (needed by {where})")
     if not isinstance(dtype, str) or not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise DumpFormatError(where, f"unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(type(size) is int for size in shape):
+    if not _is_shape(shape):
         raise DumpFormatError(where, f"malformed shape {shape!r}")
     target: torch.dtype = getattr(torch, dtype)
     stored_dtype, stored_shape = headers[shard_name][key]

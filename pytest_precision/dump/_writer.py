@@ -164,8 +164,12 @@ class DumpWriter:
                 self._pending += nbytes
         self._queue.put(_Item(entry, key, tensor, stats, alias, nbytes))
 
-    def close(self) -> None:
-        """Flush everything, then finalize: ``rank.json``, and the manifest on rank 0."""
+    def close(self, *, interrupted_by: str | None = None) -> None:
+        """Flush everything, then finalize: ``rank.json``, and the manifest on rank 0.
+
+        ``interrupted_by`` names an exception that ended the captured code: the dump is still
+        complete (every record written is whole), and the manifest says what cut it short.
+        """
         if self._index is None:
             return
         if self._thread is not None:
@@ -186,6 +190,8 @@ class DumpWriter:
                 "shards": self._shards,
             },
         )
+        if interrupted_by is not None:
+            self.info["interrupted_by"] = interrupted_by
         if self.rank == 0:
             self._write_manifest(complete=True)
 

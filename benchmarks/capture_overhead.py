@@ -25,6 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _timing import best_seconds
+
 from examples.tiny_llama import TinyLlamaConfig, build_tiny_llama, example_input_ids
 from pytest_precision import capture
 from pytest_precision.dump._writer import DumpWriter
@@ -38,16 +40,6 @@ CONFIG_100M = TinyLlamaConfig(
     num_kv_heads=12,
 )
 QUICK = CONFIG_100M.with_(num_layers=2, vocab_size=4000)
-
-
-def _best_seconds(run: Callable[[], object], repeat: int) -> float:
-    """The fastest of ``repeat`` runs: the least disturbed by other load on the machine."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def _folder_bytes(path: Path) -> int:
@@ -100,7 +92,7 @@ def overhead(config: TinyLlamaConfig, repeat: int, seq: int) -> None:
                     base, seconds = _interleaved(plain, captured, repeat, after=remove)
                     step = _decode_step_seconds(model, ids, work / "steps", level, mode, repeat)
                     shutil.rmtree(work / "steps")
-                    base = min(base, _best_seconds(plain, repeat))
+                    base = min(base, best_seconds(plain, repeat))
                     print(
                         f"{mode:>10} / {level:<6}: one forward {seconds / base:.2f}x, "
                         f"per decode step {step / base:.2f}x "
@@ -122,8 +114,8 @@ def _interleaved(
     ``after`` runs untimed after each ``second``."""
     a, b = [], []
     for _ in range(repeat):
-        a.append(_best_seconds(first, 1))
-        b.append(_best_seconds(second, 1))
+        a.append(best_seconds(first, 1))
+        b.append(best_seconds(second, 1))
         after()
     return min(a), min(b)
 
@@ -163,7 +155,7 @@ def _decode_step_seconds(
             cap.step()
             model(ids)
 
-        seconds = _best_seconds(next_step, repeat)
+        seconds = best_seconds(next_step, repeat)
     return seconds
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _timing import best_seconds
 
 from pytest_precision import compare_tensors
 
@@ -59,16 +60,6 @@ class PeakRss:
         return self.peak - self.start
 
 
-def best_time(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=256, help="size of each tensor in MB")
@@ -82,12 +73,19 @@ def main() -> None:
     noisy = expected + 1e-6 * torch.randn(n, generator=gen)
     read_gb = 2 * n * 4 / 1e9
 
+    def timed(run: Callable[[], object]) -> float:
+        return best_seconds(run, args.repeat, warmup=True)
+
     with PeakRss() as rss:
-        ours = best_time(lambda: compare_tensors(actual, expected), args.repeat)
-        ours_noisy = best_time(lambda: compare_tensors(noisy, expected), args.repeat)
-    theirs = best_time(lambda: torch.testing.assert_close(actual, expected), args.repeat)
+        ours = timed(lambda: compare_tensors(actual, expected))
+        ours_noisy = best_seconds(
+            lambda: compare_tensors(noisy, expected), args.repeat, warmup=True
+        )
+    theirs = best_seconds(
+        lambda: torch.testing.assert_close(actual, expected), args.repeat, warmup=True
+    )
     a_np, e_np = actual.numpy(), expected.numpy()
-    read = best_time(lambda: (a_np.sum(), e_np.sum()), args.repeat)
+    read = timed(lambda: (a_np.sum(), e_np.sum()))
 
     ours_gbs, theirs_gbs, read_gbs = read_gb / ours, read_gb / theirs, read_gb / read
     print(f"inputs: 2 x {args.mb} MB float32, {torch.get_num_threads()} torch threads")

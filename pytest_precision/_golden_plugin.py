@@ -277,10 +277,12 @@ class GoldenPlugin:
             self.records += _records_of(report)
 
     def pytest_report_teststatus(
-        self, report: pytest.TestReport, config: pytest.Config
+        self, report: pytest.CollectReport | pytest.TestReport, config: pytest.Config
     ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
+        if not isinstance(report, pytest.TestReport) or report.when != "call":
+            return None
         updated = any(record["status"] in UPDATED for record in _records_of(report))
-        if report.when == "call" and report.passed and updated:
+        if report.passed and updated:
             return "updated", "U", ("UPDATED", {"yellow": True})
         return None
 
@@ -346,10 +348,11 @@ def _marker_tolerance(item: pytest.Item) -> Tolerance:
     return Tolerance(**marker.kwargs)
 
 
-def _records_of(report: pytest.TestReport) -> list[dict[str, Any]]:
+def _records_of(report: pytest.CollectReport | pytest.TestReport) -> list[dict[str, Any]]:
+    """The golden records a report carries; only test reports have user properties."""
     return [
         json.loads(value)
-        for name, value in report.user_properties
+        for name, value in getattr(report, "user_properties", ())
         if isinstance(name, str) and name.startswith(PROPERTY_PREFIX)
     ]
 

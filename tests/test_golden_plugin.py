@@ -358,3 +358,19 @@ def test_bad_precision_marker_fails_its_test(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         ["*@pytest.mark.precision takes only the keywords standard=, rtol=, atol= (got *tol*)"]
     )
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_collection_errors_and_module_skips_report_normally(
+    pytester: pytest.Pytester, workers: list[str]
+) -> None:
+    """Collect reports carry no user properties: the goldens hooks must not touch them."""
+    pytester.makepyfile(
+        test_broken='raise ImportError("x")',
+        test_skipped='import pytest\npytest.skip("no npu", allow_module_level=True)',
+        test_fine="def test_fine():\n    pass",
+    )
+    result = pytester.runpytest_subprocess("-ra", *workers)
+    result.stdout.fnmatch_lines(["*ERROR*test_broken.py*", "SKIPPED*no npu*"])
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    assert result.ret in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.TESTS_FAILED)

@@ -33,6 +33,7 @@ from ._golden import (
 from ._golden_files import (
     MARKER,
     SCHEMA_VERSION,
+    SUFFIX,
     atomic_write,
     golden_relpath,
     golden_scope,
@@ -199,9 +200,29 @@ class GoldenPlugin:
         if items:
             self.narrowed_by.add("deselected tests")
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_ignore_collect(self, collection_path: Path, config: pytest.Config) -> Iterator[Any]:
+        ignored = yield
+        if ignored and self._has_goldens_for(collection_path):
+            # --ignore, --ignore-glob, collect_ignore, norecursedirs: their goldens stay.
+            self.narrowed_by.add(f"the ignored path {collection_path.name}")
+        return ignored
+
+    def _has_goldens_for(self, path: Path) -> bool:
+        if self.golden_dir is None:
+            return False
+        try:
+            relative = PurePosixPath(path.relative_to(self.config.rootpath).as_posix())
+        except ValueError:
+            return False
+        scope = self.golden_dir / golden_scope(relative)
+        return scope.is_dir() or scope.with_name(scope.name + SUFFIX).is_file()
+
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.narrowed_by.add("collection errors")
+        elif report.skipped:
+            self.narrowed_by.add("modules skipped at collection")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collected = True

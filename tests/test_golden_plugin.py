@@ -374,3 +374,55 @@ def test_collection_errors_and_module_skips_report_normally(
     result.stdout.fnmatch_lines(["*ERROR*test_broken.py*", "SKIPPED*no npu*"])
     result.stdout.no_fnmatch_line("*INTERNALERROR*")
     assert result.ret in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.TESTS_FAILED)
+
+
+NPU_MODULE = """
+import os
+
+import pytest
+import torch
+
+from pytest_precision import assert_close_to_golden
+
+if not os.environ.get("HAVE_NPU"):
+    pytest.skip("no npu", allow_module_level=True)
+
+
+def test_npu():
+    assert_close_to_golden(torch.ones(3), "y")
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "conftest", "why"),
+    [
+        ([], "", "modules skipped at collection"),
+        (["--ignore=test_npu.py"], "", "the ignored path test_npu.py"),
+        (["--ignore-glob=*npu*"], "", "the ignored path test_npu.py"),
+        (["--deselect=test_npu.py::test_npu"], "", "deselected tests"),
+        ([], "collect_ignore = ['test_npu.py']", "the ignored path test_npu.py"),
+    ],
+    ids=["module-skip", "ignore", "ignore-glob", "deselect", "collect_ignore"],
+)
+def test_goldens_of_tests_left_out_of_collection_are_never_pruned(
+    model: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    conftest: str,
+    why: str,
+) -> None:
+    model.makepyfile(test_npu=NPU_MODULE)
+    monkeypatch.setenv("HAVE_NPU", "1")
+    assert model.runpytest("--golden-dir", "goldens", "--golden-update").ret == 0
+    monkeypatch.delenv("HAVE_NPU")
+    if args and "deselect" in args[0]:
+        monkeypatch.setenv("HAVE_NPU", "1")
+    model.makeconftest(conftest)
+    npu_golden = model.path / "goldens" / "test_npu" / "test_npu.safetensors"
+    assert npu_golden.is_file()
+
+    result = model.runpytest("--golden-dir", "goldens", "--golden-prune", *args)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([f"--golden-prune deleted nothing: *({why})"])
+    result.stdout.no_fnmatch_line("unused goldens*")
+    assert npu_golden.is_file()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -292,6 +293,9 @@ class Golden:
         self._staged: dict[str, Entry] = {}
         self._file_unreadable = False
         self._device: torch.device | None = None
+        # Threads started by a test assert concurrently; names, staged values and records
+        # are shared state (a reentrant lock: an autoflush runs inside a call).
+        self._lock = threading.RLock()
 
     @property
     def location(self) -> Path:
@@ -324,7 +328,8 @@ class Golden:
 
     def load(self, name: str) -> Any:
         """The stored golden value ``name`` (tensors on the CPU)."""
-        where, value = self._lookup(name)
+        with self._lock:
+            where, value = self._lookup(name)
         if value is _MISSING:
             raise PrecisionError(f"no golden named {name!r} in {where}")
         return value
@@ -356,8 +361,12 @@ class Golden:
         Returns the :class:`Comparison`, or ``None`` when the value was recorded (update mode).
         """
         __tracebackhide__ = True
+        with self._lock:
+            return self._check(value, name, Tolerance(standard, rtol, atol))
+
+    def _check(self, value: Any, name: str | None, call_tolerance: Tolerance) -> Comparison | None:
+        __tracebackhide__ = True
         name = self._name(name)
-        call_tolerance = Tolerance(standard, rtol, atol)
         try:
             where, expected = self._lookup(name)
         except DumpFormatError as exc:
@@ -396,7 +405,7 @@ class Golden:
             lines.append(self._hint("if the change is intended, re-record"))
             raise AssertionError("\n".join(lines))
         if comparison.verdict == "warn":
-            warnings.warn(PrecisionWarning(comparison.message()), stacklevel=2)
+            warnings.warn(PrecisionWarning(comparison.message()), stacklevel=3)
         return comparison
 
     def _name(self, name: str | None) -> str:
@@ -481,6 +490,10 @@ class Golden:
         """
         if not isinstance(self.source, GoldenDirectory) or not self.update:
             return
+        with self._lock:
+            self._write(complete=complete)
+
+    def _write(self, *, complete: bool) -> None:
         golden_file = None if self._file_unreadable else self._golden_file()
         entries: dict[str, Entry] = dict(golden_file.entries) if golden_file else {}
         stale = set(entries) - self._used if complete else set()

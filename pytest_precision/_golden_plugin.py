@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -124,12 +125,14 @@ class GoldenPlugin:
     def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
         __tracebackhide__ = True
         built: list[Golden] = []
+        lock = threading.Lock()
 
         def factory() -> Golden:
             __tracebackhide__ = True
-            if not built:
-                built.append(self._golden_for(item))
-            return built[0]
+            with lock:  # threads of the test share one golden, never build a second
+                if not built:
+                    built.append(self._golden_for(item))
+                return built[0]
 
         item.stash[_built_key] = built
         item.stash[_token_key] = activate(factory)

@@ -8,10 +8,14 @@ import shutil
 
 import pytest
 
+from pytest_precision._golden_files import read_golden
+
 MODEL = """
 import os
 
 import pytest
+
+from pytest_precision._golden_files import read_golden
 import torch
 
 from pytest_precision import assert_close_to_golden
@@ -261,6 +265,8 @@ def test_bad_goldens_fail_only_their_test(
 
 DUMP_CONFTEST = """
 import pytest
+
+from pytest_precision._golden_files import read_golden
 import torch
 
 import pytest_precision.dump
@@ -380,6 +386,8 @@ NPU_MODULE = """
 import os
 
 import pytest
+
+from pytest_precision._golden_files import read_golden
 import torch
 
 from pytest_precision import assert_close_to_golden
@@ -426,3 +434,45 @@ def test_goldens_of_tests_left_out_of_collection_are_never_pruned(
     result.stdout.fnmatch_lines([f"--golden-prune deleted nothing: *({why})"])
     result.stdout.no_fnmatch_line("unused goldens*")
     assert npu_golden.is_file()
+
+
+THREADS = """
+import sys
+import threading
+
+import pytest
+
+from pytest_precision._golden_files import read_golden
+import torch
+
+from pytest_precision import assert_close_to_golden
+
+
+@pytest.mark.parametrize("i", range(12))
+def test_threads(i):
+    sys.setswitchinterval(1e-6)
+    barrier = threading.Barrier(8)
+
+    def work(k):
+        barrier.wait()
+        assert_close_to_golden(torch.ones(2) * k, f"v{k}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+"""
+
+
+def test_threads_recording_at_once_keep_every_value(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_threads=THREADS)
+    """A racing second golden of the same test used to drop every value as stale."""
+    pytester.makepyfile(test_threads=THREADS)
+    record = pytester.runpytest_subprocess("--golden-dir", "goldens", "--golden-update")
+    assert record.parseoutcomes() == {"updated": 12}
+    for _ in range(3):
+        update = pytester.runpytest_subprocess("--golden-dir", "goldens", "--golden-update")
+        assert update.parseoutcomes() == {"passed": 12}
+        for path in (pytester.path / "goldens").rglob("*.safetensors"):
+            assert sorted(read_golden(path).entries) == [f"v{k}" for k in range(8)], path

@@ -28,6 +28,7 @@ from ._golden_files import (
     Entry,
     GoldenFile,
     NewerSchemaError,
+    check_distinct_keys,
     flatten,
     golden_relpath,
     is_golden_dir,
@@ -476,7 +477,13 @@ class Golden:
         message: str,
         comparison: Comparison | None = None,
     ) -> None:
-        self._staged[name] = flatten(value, name)
+        entry = flatten(value, name)
+        golden_file = None if self._file_unreadable else self._golden_file()
+        kept = dict(golden_file.entries) if golden_file else {}
+        kept.update(self._staged)
+        kept[name] = entry
+        check_distinct_keys(kept, self.location)
+        self._staged[name] = entry
         self._device = self._device or _device_of(value)
         self._record(name, where, status, comparison=comparison, message=message)
         if self._autoflush:

@@ -106,6 +106,20 @@ def test_duplicate_name_is_rejected(tmp_path: Path) -> None:
         golden(torch.ones(2), "a")
 
 
+def test_a_name_colliding_with_a_stored_tuple_item_is_rejected(tmp_path: Path) -> None:
+    """``out`` as a tuple stores ``out[0]``: a value named ``out[0]`` would overwrite it."""
+    recorder = Golden(tmp_path, TEST_ID, update=True)
+    recorder((torch.ones(2), torch.ones(2)), "out")
+    with pytest.raises(PrecisionInputError, match=r"'out' and 'out\[0\]' both store .*'out\[0\]'"):
+        recorder(torch.full((2,), 7.0), "out[0]")
+    later = Golden(tmp_path, TEST_ID, update=True)
+    with pytest.raises(PrecisionInputError, match="rename one of them"):
+        later(torch.full((2,), 7.0), "out[0]")
+    first, second = Golden(tmp_path, TEST_ID).load("out")
+    assert torch.equal(first, torch.ones(2))
+    assert torch.equal(second, torch.ones(2))
+
+
 def test_update_rewrites_only_what_differs(tmp_path: Path) -> None:
     location = _record(tmp_path, same=_value(), changed=_value())
     before = read_golden(location)

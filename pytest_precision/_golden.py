@@ -37,7 +37,14 @@ from ._golden_files import (
     write_golden,
 )
 from ._nested import iter_leaf_pairs
-from ._standards import STANDARDS, VERDICT_ORDER, Standard, TensorComparison, resolve_standard
+from ._standards import (
+    STANDARDS,
+    VERDICT_ORDER,
+    Standard,
+    TensorComparison,
+    _check_pair,
+    resolve_standard,
+)
 from .dump import Dump, Record
 
 #: A record's status: a comparison verdict, or what happened instead of a comparison.
@@ -369,6 +376,11 @@ class Golden:
         __tracebackhide__ = True
         name = self._name(name)
         try:
+            self._validate(value, name, call_tolerance)
+        except PrecisionInputError as exc:
+            self._record(name, str(self.location), "error", message=str(exc))
+            raise
+        try:
             where, expected = self._lookup(name)
         except DumpFormatError as exc:
             if self.update and not isinstance(exc, NewerSchemaError):
@@ -426,10 +438,27 @@ class Golden:
         self._used.add(name)
         return name
 
+    def _validate(self, value: Any, name: str, call_tolerance: Tolerance) -> None:
+        """An uncomparable value or an unusable tolerance is the test's error, never a golden
+        difference: checked before the golden is read, so an update never rewrites for it."""
+        for path, leaf, _ in iter_leaf_pairs(value, value):
+            label = f"{name}{path}"
+            tensor = to_tensor(leaf, label)
+            tolerance = self._tolerance_for(call_tolerance, tensor.dtype)
+            try:
+                _check_pair(tensor, tensor, "value")
+                resolve_standard(
+                    tolerance.standard, tensor.dtype, rtol=tolerance.rtol, atol=tolerance.atol
+                )
+            except PrecisionInputError as exc:
+                raise PrecisionInputError(f"{self.test_id}: golden {label}: {exc}") from None
+
     def _compare(
         self, value: Any, expected: Any, name: str, call_tolerance: Tolerance
     ) -> Comparison:
-        """Compare leaf by leaf: the tolerance may depend on each leaf's dtype."""
+        """Compare leaf by leaf: the tolerance may depend on each leaf's dtype. With the value
+        and tolerance validated, a :class:`PrecisionInputError` here is a golden difference
+        (structure, shape, dtype)."""
         items = []
         for path, a_leaf, e_leaf in iter_leaf_pairs(value, expected):
             label = f"{name}{path}"

@@ -120,6 +120,29 @@ def test_a_name_colliding_with_a_stored_tuple_item_is_rejected(tmp_path: Path) -
     assert torch.equal(second, torch.ones(2))
 
 
+@pytest.mark.parametrize(
+    ("value", "tolerance", "call", "problem"),
+    [
+        (torch.ones(3), Tolerance(), {"standard": "ulps"}, "unknown standard 'ulps'"),
+        (torch.ones(3), Tolerance(standard="bogus"), {}, "unknown standard 'bogus'"),
+        (torch.ones(3, dtype=torch.complex64), Tolerance(), {}, "complex"),
+    ],
+    ids=["call-standard", "marker-standard", "complex"],
+)
+def test_unusable_tolerance_or_value_is_an_error_never_a_rewrite(
+    tmp_path: Path, value: Any, tolerance: Tolerance, call: dict[str, Any], problem: str
+) -> None:
+    location = _record(tmp_path, x=torch.ones(3))
+    before = location.read_bytes()
+    for update in (False, True):
+        golden = Golden(tmp_path, TEST_ID, update=update, tolerance=tolerance)
+        with pytest.raises(PrecisionInputError, match=problem):
+            golden(value, "x", **call)
+        golden.flush(complete=True)
+        assert [r["status"] for r in golden.records] == ["error"]
+    assert location.read_bytes() == before
+
+
 def test_update_rewrites_only_what_differs(tmp_path: Path) -> None:
     location = _record(tmp_path, same=_value(), changed=_value())
     before = read_golden(location)

@@ -109,6 +109,8 @@ class GoldenPlugin:
         self.narrowed_by: set[str] = set()
         self.unused: list[PurePosixPath] | None = None
         self.pruned: list[str] = []
+        # records each test's call report carried, to tell what its teardown added
+        self._records_in_call: dict[str, int] = {}
 
     def _golden_dir(self, config: pytest.Config) -> Path | None:
         option = config.getoption("golden_dir")
@@ -140,24 +142,25 @@ class GoldenPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
-        try:
-            result = yield
-        except BaseException:
-            self._flush(item, complete=False)
-            raise
-        self._flush(item, complete=True)
+        result = yield
+        item.stash[_call_passed_key] = True
         return result
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        # Values are written after teardown, so a fixture's teardown may assert goldens too;
+        # only a test that ran to the end of its teardown has stale names to drop.
+        complete = False
         try:
-            return (yield)
+            result = yield
+            complete = item.stash.get(_call_passed_key, False)
+            return result
         finally:
             token = item.stash.get(_token_key, None)
             if token is not None:
                 deactivate(token)
                 del item.stash[_token_key]
-            self._flush(item, complete=False)
+            self._flush(item, complete=complete)
 
     def _flush(self, item: pytest.Item, *, complete: bool) -> None:
         for golden in item.stash.get(_built_key, []):
@@ -303,10 +306,15 @@ class GoldenPlugin:
     def pytest_report_teststatus(
         self, report: pytest.CollectReport | pytest.TestReport, config: pytest.Config
     ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
-        if not isinstance(report, pytest.TestReport) or report.when != "call":
+        if not isinstance(report, pytest.TestReport) or report.when == "setup":
             return None
-        updated = any(record["status"] in UPDATED for record in _records_of(report))
-        if report.passed and updated:
+        updated = [record["status"] in UPDATED for record in _records_of(report)]
+        if report.when == "call":
+            self._records_in_call[report.nodeid] = len(updated)
+        else:  # teardown: what a fixture's teardown recorded, unless the call said so already
+            in_call = self._records_in_call.get(report.nodeid, 0)
+            updated = [] if any(updated[:in_call]) else updated[in_call:]
+        if report.passed and any(updated):
             return "updated", "U", ("UPDATED", {"yellow": True})
         return None
 
@@ -357,6 +365,7 @@ class GoldenPlugin:
 
 _built_key = pytest.StashKey[list[Golden]]()
 _token_key = pytest.StashKey[int]()
+_call_passed_key = pytest.StashKey[bool]()
 
 
 def _marker_tolerance(item: pytest.Item) -> Tolerance:

@@ -476,3 +476,37 @@ def test_threads_recording_at_once_keep_every_value(pytester: pytest.Pytester) -
         assert update.parseoutcomes() == {"passed": 12}
         for path in (pytester.path / "goldens").rglob("*.safetensors"):
             assert sorted(read_golden(path).entries) == [f"v{k}" for k in range(8)], path
+
+
+TEARDOWN = """
+import pytest
+import torch
+
+from pytest_precision import assert_close_to_golden
+
+
+@pytest.fixture
+def checked():
+    yield
+    assert_close_to_golden(torch.arange(3.0), "final_state")
+
+
+def test_both(checked):
+    assert_close_to_golden(torch.ones(3), "x")
+
+
+def test_teardown_only(checked):
+    pass
+"""
+
+
+def test_values_asserted_in_fixture_teardown_are_kept(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_teardown=TEARDOWN)
+    first = pytester.runpytest("--golden-dir", "goldens", "--golden-update", "-v")
+    first.stdout.fnmatch_lines(["*::test_both UPDATED*", "*::test_teardown_only UPDATED*"])
+    assert first.parseoutcomes() == {"passed": 1, "updated": 2}
+    golden = pytester.path / "goldens" / "test_teardown" / "test_both.safetensors"
+    assert sorted(read_golden(golden).entries) == ["final_state", "x"]
+    again = pytester.runpytest("--golden-dir", "goldens", "--golden-update")
+    assert again.parseoutcomes() == {"passed": 2}
+    assert sorted(read_golden(golden).entries) == ["final_state", "x"]

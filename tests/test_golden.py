@@ -180,8 +180,14 @@ def test_update_replaces_a_corrupt_file_but_never_a_newer_one(
     monkeypatch.setattr("pytest_precision._golden_files.SCHEMA_VERSION", 99)
     _record(tmp_path / "newer", out=_value())
     monkeypatch.undo()
+    newer = Golden(tmp_path / "newer", TEST_ID, update=True)
     with pytest.raises(PrecisionError, match="newer pytest-precision"):
-        Golden(tmp_path / "newer", TEST_ID, update=True)(_value(), "out")
+        newer(_value(), "out")
+    # the failed comparison is the one report: flushing neither raises again nor writes
+    before = newer.location.read_bytes()
+    newer.flush(complete=False)
+    newer.flush(complete=True)
+    assert newer.location.read_bytes() == before
 
 
 def test_tolerance_precedence_call_then_marker_then_dtype(tmp_path: Path) -> None:

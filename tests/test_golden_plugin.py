@@ -249,6 +249,10 @@ def test_bad_goldens_fail_only_their_test(
     with monkeypatch.context() as mp:
         mp.setattr("pytest_precision._golden_files.SCHEMA_VERSION", 99)
         pytester.runpytest("--golden-dir", "g", "--golden-update", "-k", "newer")
+    # an update leaves the newer golden alone: one failure, no second error at teardown
+    pytester.runpytest("--golden-dir", "g", "--golden-update", "-k", "newer").assert_outcomes(
+        failed=1
+    )
     corrupt = pytester.path / "g/test_bad/test_corrupt.safetensors"
     corrupt.write_bytes(corrupt.read_bytes()[:40])
     monkeypatch.setenv("CHANGED", "1")

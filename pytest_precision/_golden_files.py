@@ -289,12 +289,16 @@ def mark_golden_dir(directory: Path) -> None:
 
 def is_golden_dir(directory: Path) -> bool:
     """A missing or empty folder, or one with the marker, holds goldens (anything else may be a
-    dump)."""
+    dump). Dotfiles and READMEs (a ``.gitkeep`` keeping the folder in git) leave it empty."""
     if not directory.exists():
         return True
     if not directory.is_dir():
         return False
-    return (directory / MARKER).exists() or not any(directory.iterdir())
+    return (directory / MARKER).exists() or all(_is_placeholder(p) for p in directory.iterdir())
+
+
+def _is_placeholder(path: Path) -> bool:
+    return path.is_file() and (path.name.startswith(".") or path.stem.upper() == "README")
 
 
 def list_goldens(directory: Path) -> list[PurePosixPath]:

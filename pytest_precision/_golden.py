@@ -128,12 +128,14 @@ def parse_tolerances(
 # Private stand-in for the shared fingerprint of the determinism work; swap when merged.
 
 
-def _environment(device: torch.device | None = None) -> dict[str, str]:
+def _environment(device: torch.device | None = None, seed: int | None = None) -> dict[str, str]:
     """What a golden's reader needs to judge a difference: versions, devices, flags, env vars
-    (the shared fingerprint), plus the value's device and this run's torch seed."""
+    (the shared fingerprint), plus the value's device and the test's seed when it seeded (an
+    unseeded torch seed is random, so it would differ on every run)."""
     env = flat_fingerprint()
     env["device"] = _device_name(device)
-    env["seed"] = str(torch.initial_seed())
+    if seed is not None:
+        env["seed"] = str(seed)
     return env
 
 
@@ -262,8 +264,9 @@ class Golden:
 
     ``Golden(golden_dir, test_id)`` works without pytest (the plugin builds one per test):
     ``golden_dir`` is a golden directory or a dump, ``test_id`` names the golden file (a pytest
-    node id). With ``update=True`` missing or differing values are recorded instead of failing;
-    outside the plugin they are written at once, inside it when the test finishes.
+    node id), ``seed`` the seed the test set (recorded in the golden's environment). With
+    ``update=True`` missing or differing values are recorded instead of failing; outside the
+    plugin they are written at once, inside it when the test finishes.
     """
 
     def __init__(
@@ -277,6 +280,7 @@ class Golden:
         record_hint: str | None = None,
         on_record: Callable[[dict[str, Any]], None] | None = None,
         autoflush: bool = True,
+        seed: int | None = None,
     ) -> None:
         if isinstance(golden_dir, (GoldenDirectory, DumpGoldens)):
             self.source: GoldenSource = golden_dir
@@ -288,6 +292,7 @@ class Golden:
                 "golden directory"
             )
         self.test_id = test_id
+        self.seed = seed
         self.update = update
         self.tolerance = tolerance
         self.dtype_tolerances = dict(dtype_tolerances or {})
@@ -350,7 +355,7 @@ class Golden:
             recorded = golden_file.environment if golden_file else {}
         if not recorded:
             return []
-        current = _environment(_device_of(value))
+        current = _environment(_device_of(value), seed=self.seed)
         return environment_diff(flat_fingerprint(recorded), current)
 
     # ... comparing
@@ -547,7 +552,7 @@ class Golden:
         entries.update(self._staged)
         path = self.location
         mark_golden_dir(self.source.path)
-        write_golden(path, entries, _environment(self._device))
+        write_golden(path, entries, _environment(self._device, seed=self.seed))
         self._file = read_golden(path) if self._autoflush else _MISSING
         self._staged.clear()
         self._file_unreadable = False

@@ -198,6 +198,7 @@ class GoldenPlugin:
             record_hint=record_command(target, self.golden_dir, self.invocation_dir),
             on_record=on_record,
             autoflush=False,
+            seed=_test_seed(item),
         )
 
     # --- collection: which golden files this run uses ------------------------------------------
@@ -379,6 +380,13 @@ def _marker_tolerance(item: pytest.Item) -> Tolerance:
             f"atol= (got {marker.args or ''}{sorted(unknown) or ''})"
         )
     return Tolerance(**marker.kwargs)
+
+
+def _test_seed(item: pytest.Item) -> int | None:
+    """The seed of the ``seeded`` / ``deterministic`` fixture when the test uses one."""
+    fixtures = getattr(item, "funcargs", {})
+    handle = fixtures.get("seeded") or fixtures.get("deterministic")
+    return getattr(handle, "seed", None)
 
 
 def _records_of(report: pytest.CollectReport | pytest.TestReport) -> list[dict[str, Any]]:

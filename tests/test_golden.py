@@ -253,7 +253,11 @@ def test_failure_lists_environment_differences(
     monkeypatch.setattr(
         _golden,
         "_environment",
-        lambda device=None: {**current, "torch": "9.9.9", "env.HCCL_DETERMINISTIC": "TRUE"},
+        lambda device=None, seed=None: {
+            **current,
+            "torch": "9.9.9",
+            "env.HCCL_DETERMINISTIC": "TRUE",
+        },
     )
     with pytest.raises(AssertionError) as info:
         Golden(tmp_path, TEST_ID)(_value(1.1), "out")
@@ -269,6 +273,16 @@ def test_environment_fingerprint_is_recorded(tmp_path: Path) -> None:
     assert environment["torch"] == torch.__version__
     assert environment["device"] == "cpu"
     assert environment["determinism.deterministic_algorithms"] in ("True", "False")
+
+
+def test_seed_is_recorded_only_when_the_test_seeded(tmp_path: Path) -> None:
+    """An unseeded torch seed is random: recording it made every checklist list the seed."""
+    unseeded = Golden(tmp_path, TEST_ID, update=True)
+    unseeded(_value(), "out")
+    assert "seed" not in read_golden(unseeded.location).environment
+    seeded = Golden(tmp_path / "seeded", TEST_ID, update=True, seed=1234)
+    seeded(_value(), "out")
+    assert read_golden(seeded.location).environment["seed"] == "1234"
 
 
 def test_load_returns_the_stored_value(tmp_path: Path) -> None:

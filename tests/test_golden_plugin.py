@@ -514,3 +514,27 @@ def test_values_asserted_in_fixture_teardown_are_kept(pytester: pytest.Pytester)
     again = pytester.runpytest("--golden-dir", "goldens", "--golden-update")
     assert again.parseoutcomes() == {"passed": 2}
     assert sorted(read_golden(golden).entries) == ["final_state", "x"]
+
+
+def test_golden_records_the_seed_of_the_seeded_fixture(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_seed="""
+import torch
+
+from pytest_precision import assert_close_to_golden
+
+
+def test_seeded(seeded):
+    assert_close_to_golden(torch.rand(3), "x")
+
+
+def test_unseeded():
+    assert_close_to_golden(torch.ones(3), "x")
+"""
+    )
+    update = pytester.runpytest("--golden-dir", "g", "--golden-update")
+    assert update.parseoutcomes() == {"updated": 2}
+    seeded = read_golden(pytester.path / "g/test_seed/test_seeded.safetensors")
+    unseeded = read_golden(pytester.path / "g/test_seed/test_unseeded.safetensors")
+    assert seeded.environment["seed"].isdigit()
+    assert "seed" not in unseeded.environment

@@ -73,7 +73,8 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="PATH",
         help="write every golden comparison, with its metrics, to this JSON file",
     )
-    parser.addini("golden_dir", "folder of goldens (relative to the ini file)", type="paths")
+    # a plain string: the "paths" type splits on spaces, and folder names may hold them
+    parser.addini("golden_dir", "folder of goldens (relative to the ini file)", type="string")
     parser.addini(
         "precision_tolerances",
         "per-dtype tolerances for goldens, one 'DTYPE: standard=NAME rtol=X atol=Y' per line",
@@ -116,10 +117,15 @@ class GoldenPlugin:
         option = config.getoption("golden_dir")
         if option:
             return (self.invocation_dir / option).resolve()
-        paths = config.getini("golden_dir")
-        if len(paths) > 1:
-            raise pytest.UsageError(f"golden_dir names one folder, got {len(paths)}")
-        return paths[0].resolve() if paths else None
+        value = config.getini("golden_dir")
+        if isinstance(value, list):  # a TOML list, as the former "paths" type took
+            if len(value) > 1:
+                raise pytest.UsageError(f"golden_dir names one folder, got {len(value)}")
+            value = value[0] if value else ""
+        if not str(value).strip():
+            return None
+        base = config.inipath.parent if config.inipath is not None else config.rootpath
+        return (base / str(value).strip()).resolve()
 
     # --- test lifecycle (serial run or xdist worker) -------------------------------------------
 

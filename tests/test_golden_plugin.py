@@ -538,3 +538,27 @@ def test_unseeded():
     unseeded = read_golden(pytester.path / "g/test_seed/test_unseeded.safetensors")
     assert seeded.environment["seed"].isdigit()
     assert "seed" not in unseeded.environment
+
+
+@pytest.mark.parametrize(
+    ("suffix", "content"),
+    [
+        (".ini", "[pytest]\ngolden_dir = tests/my goldens\n"),
+        (".toml", '[tool.pytest.ini_options]\ngolden_dir = "tests/my goldens"\n'),
+        (".toml", '[tool.pytest.ini_options]\ngolden_dir = ["tests/my goldens"]\n'),
+    ],
+    ids=["ini", "toml-string", "toml-list"],
+)
+def test_ini_golden_dir_may_contain_spaces(
+    pytester: pytest.Pytester, suffix: str, content: str
+) -> None:
+    """The "paths" ini type split 'tests/my goldens' into two folders."""
+    name = "pytest" if suffix == ".ini" else "pyproject"
+    pytester.makefile(suffix, **{name: content})
+    pytester.makepyfile(
+        test_a="import torch\nfrom pytest_precision import assert_close_to_golden\n"
+        "def test_a():\n    assert_close_to_golden(torch.ones(3), 'x')\n"
+    )
+    update = pytester.runpytest_subprocess("--golden-update")
+    assert update.parseoutcomes()["updated"] == 1
+    assert (pytester.path / "tests/my goldens/test_a/test_a.safetensors").is_file()

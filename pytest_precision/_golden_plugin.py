@@ -99,7 +99,12 @@ class GoldenPlugin:
             raise pytest.UsageError(str(exc)) from None
         if (self.update or self.prune) and self.golden_dir is None:
             raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
-        if self.update and not hasattr(config, "workerinput") and is_golden_dir(self.golden_dir):
+        if self.update and not is_golden_dir(self.golden_dir):
+            raise pytest.UsageError(
+                f"--golden-update cannot write into {self.golden_dir}: it is a dump (or another "
+                f"folder without {MARKER}), not a golden directory"
+            )
+        if self.update and not hasattr(config, "workerinput"):
             # Marked before any xdist worker starts: a half-written folder never looks like a dump.
             mark_golden_dir(self.golden_dir)
         self._source: GoldenSource | PrecisionError | None = None
@@ -285,6 +290,8 @@ class GoldenPlugin:
     def _find_unused(self) -> None:
         # Only a marked golden directory: a dump serving as goldens has no unused files.
         if self.golden_dir is None or not (self.golden_dir / MARKER).is_file():
+            if self.golden_dir is not None and not is_golden_dir(self.golden_dir):
+                self.narrowed_by.add(f"{self.golden_dir.name} is a dump; dumps are never pruned")
             return
         if not self.collected:
             return
@@ -365,7 +372,10 @@ class GoldenPlugin:
                 tr.write_line(f"  {path}")
         if skipped_prune:
             why = ", ".join(sorted(self.narrowed_by)) or "no collection to compare with"
-            tr.write_line(f"--golden-prune deleted nothing: unused goldens need a full run ({why})")
+            tr.write_line(
+                f"--golden-prune deleted nothing: unused goldens need a full run of a golden "
+                f"directory ({why})"
+            )
         if self.report_path is not None:
             tr.write_line(f"precision report written to {self.report_path}")
 

@@ -513,10 +513,17 @@ class Golden:
     ) -> None:
         entry = flatten(value, name)
         golden_file = None if self._file_unreadable else self._golden_file()
-        kept = dict(golden_file.entries) if golden_file else {}
+        # stored values this test asserted stay; the others may still be dropped as stale
+        kept = {
+            n: e for n, e in (golden_file.entries if golden_file else {}).items() if n in self._used
+        }
         kept.update(self._staged)
         kept[name] = entry
-        check_distinct_keys(kept, self.location)
+        try:
+            check_distinct_keys(kept, self.location)
+        except PrecisionInputError as exc:
+            self._record(name, where, "error", message=str(exc))
+            raise
         self._staged[name] = entry
         self._device = self._device or _device_of(value)
         self._record(name, where, status, comparison=comparison, message=message)

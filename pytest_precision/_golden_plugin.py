@@ -153,7 +153,11 @@ class GoldenPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
-        result = yield
+        try:
+            result = yield
+        except (KeyboardInterrupt, pytest.exit.Exception):
+            self._flush(item, complete=False)  # pytest skips the teardown: keep what was staged
+            raise
         item.stash[_call_passed_key] = True
         return result
 

@@ -569,3 +569,23 @@ def test_ini_golden_dir_may_contain_spaces(
     update = pytester.runpytest_subprocess("--golden-update")
     assert update.parseoutcomes()["updated"] == 1
     assert (pytester.path / "tests/my goldens/test_a/test_a.safetensors").is_file()
+
+
+def test_values_staged_before_pytest_exit_are_written(pytester: pytest.Pytester) -> None:
+    """pytest skips the teardown after an exit, where values are otherwise written."""
+    pytester.makepyfile(
+        test_exit="""
+import pytest
+import torch
+
+from pytest_precision import assert_close_to_golden
+
+
+def test_stops():
+    assert_close_to_golden(torch.ones(3), "x")
+    pytest.exit("stop")
+"""
+    )
+    pytester.runpytest_subprocess("--golden-dir", "g", "--golden-update")
+    stored = read_golden(pytester.path / "g/test_exit/test_stops.safetensors")
+    assert list(stored.entries) == ["x"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from ._golden_files import (
     Entry,
     GoldenFile,
     NewerSchemaError,
+    check_distinct_keys,
     flatten,
     golden_relpath,
     is_golden_dir,
@@ -35,7 +37,14 @@ from ._golden_files import (
     write_golden,
 )
 from ._nested import iter_leaf_pairs
-from ._standards import STANDARDS, VERDICT_ORDER, Standard, TensorComparison, resolve_standard
+from ._standards import (
+    STANDARDS,
+    VERDICT_ORDER,
+    Standard,
+    TensorComparison,
+    _check_pair,
+    resolve_standard,
+)
 from .dump import Dump, Record
 
 #: A record's status: a comparison verdict, or what happened instead of a comparison.
@@ -119,12 +128,14 @@ def parse_tolerances(
 # Private stand-in for the shared fingerprint of the determinism work; swap when merged.
 
 
-def _environment(device: torch.device | None = None) -> dict[str, str]:
+def _environment(device: torch.device | None = None, seed: int | None = None) -> dict[str, str]:
     """What a golden's reader needs to judge a difference: versions, devices, flags, env vars
-    (the shared fingerprint), plus the value's device and this run's torch seed."""
+    (the shared fingerprint), plus the value's device and the test's seed when it seeded (an
+    unseeded torch seed is random, so it would differ on every run)."""
     env = flat_fingerprint()
     env["device"] = _device_name(device)
-    env["seed"] = str(torch.initial_seed())
+    if seed is not None:
+        env["seed"] = str(seed)
     return env
 
 
@@ -253,8 +264,9 @@ class Golden:
 
     ``Golden(golden_dir, test_id)`` works without pytest (the plugin builds one per test):
     ``golden_dir`` is a golden directory or a dump, ``test_id`` names the golden file (a pytest
-    node id). With ``update=True`` missing or differing values are recorded instead of failing;
-    outside the plugin they are written at once, inside it when the test finishes.
+    node id), ``seed`` the seed the test set (recorded in the golden's environment). With
+    ``update=True`` missing or differing values are recorded instead of failing; outside the
+    plugin they are written at once, inside it when the test finishes.
     """
 
     def __init__(
@@ -268,6 +280,7 @@ class Golden:
         record_hint: str | None = None,
         on_record: Callable[[dict[str, Any]], None] | None = None,
         autoflush: bool = True,
+        seed: int | None = None,
     ) -> None:
         if isinstance(golden_dir, (GoldenDirectory, DumpGoldens)):
             self.source: GoldenSource = golden_dir
@@ -279,6 +292,7 @@ class Golden:
                 "golden directory"
             )
         self.test_id = test_id
+        self.seed = seed
         self.update = update
         self.tolerance = tolerance
         self.dtype_tolerances = dict(dtype_tolerances or {})
@@ -292,6 +306,9 @@ class Golden:
         self._staged: dict[str, Entry] = {}
         self._file_unreadable = False
         self._device: torch.device | None = None
+        # Threads started by a test assert concurrently; names, staged values and records
+        # are shared state (a reentrant lock: an autoflush runs inside a call).
+        self._lock = threading.RLock()
 
     @property
     def location(self) -> Path:
@@ -324,7 +341,8 @@ class Golden:
 
     def load(self, name: str) -> Any:
         """The stored golden value ``name`` (tensors on the CPU)."""
-        where, value = self._lookup(name)
+        with self._lock:
+            where, value = self._lookup(name)
         if value is _MISSING:
             raise PrecisionError(f"no golden named {name!r} in {where}")
         return value
@@ -337,7 +355,7 @@ class Golden:
             recorded = golden_file.environment if golden_file else {}
         if not recorded:
             return []
-        current = _environment(_device_of(value))
+        current = _environment(_device_of(value), seed=self.seed)
         return environment_diff(flat_fingerprint(recorded), current)
 
     # ... comparing
@@ -356,8 +374,17 @@ class Golden:
         Returns the :class:`Comparison`, or ``None`` when the value was recorded (update mode).
         """
         __tracebackhide__ = True
+        with self._lock:
+            return self._check(value, name, Tolerance(standard, rtol, atol))
+
+    def _check(self, value: Any, name: str | None, call_tolerance: Tolerance) -> Comparison | None:
+        __tracebackhide__ = True
         name = self._name(name)
-        call_tolerance = Tolerance(standard, rtol, atol)
+        try:
+            self._validate(value, name, call_tolerance)
+        except PrecisionInputError as exc:
+            self._record(name, str(self.location), "error", message=str(exc))
+            raise
         try:
             where, expected = self._lookup(name)
         except DumpFormatError as exc:
@@ -396,7 +423,7 @@ class Golden:
             lines.append(self._hint("if the change is intended, re-record"))
             raise AssertionError("\n".join(lines))
         if comparison.verdict == "warn":
-            warnings.warn(PrecisionWarning(comparison.message()), stacklevel=2)
+            warnings.warn(PrecisionWarning(comparison.message()), stacklevel=3)
         return comparison
 
     def _name(self, name: str | None) -> str:
@@ -416,10 +443,27 @@ class Golden:
         self._used.add(name)
         return name
 
+    def _validate(self, value: Any, name: str, call_tolerance: Tolerance) -> None:
+        """An uncomparable value or an unusable tolerance is the test's error, never a golden
+        difference: checked before the golden is read, so an update never rewrites for it."""
+        for path, leaf, _ in iter_leaf_pairs(value, value):
+            label = f"{name}{path}"
+            tensor = to_tensor(leaf, label)
+            tolerance = self._tolerance_for(call_tolerance, tensor.dtype)
+            try:
+                _check_pair(tensor, tensor, "value")
+                resolve_standard(
+                    tolerance.standard, tensor.dtype, rtol=tolerance.rtol, atol=tolerance.atol
+                )
+            except PrecisionInputError as exc:
+                raise PrecisionInputError(f"{self.test_id}: golden {label}: {exc}") from None
+
     def _compare(
         self, value: Any, expected: Any, name: str, call_tolerance: Tolerance
     ) -> Comparison:
-        """Compare leaf by leaf: the tolerance may depend on each leaf's dtype."""
+        """Compare leaf by leaf: the tolerance may depend on each leaf's dtype. With the value
+        and tolerance validated, a :class:`PrecisionInputError` here is a golden difference
+        (structure, shape, dtype)."""
         items = []
         for path, a_leaf, e_leaf in iter_leaf_pairs(value, expected):
             label = f"{name}{path}"
@@ -467,7 +511,20 @@ class Golden:
         message: str,
         comparison: Comparison | None = None,
     ) -> None:
-        self._staged[name] = flatten(value, name)
+        entry = flatten(value, name)
+        golden_file = None if self._file_unreadable else self._golden_file()
+        # stored values this test asserted stay; the others may still be dropped as stale
+        kept = {
+            n: e for n, e in (golden_file.entries if golden_file else {}).items() if n in self._used
+        }
+        kept.update(self._staged)
+        kept[name] = entry
+        try:
+            check_distinct_keys(kept, self.location)
+        except PrecisionInputError as exc:
+            self._record(name, where, "error", message=str(exc))
+            raise
+        self._staged[name] = entry
         self._device = self._device or _device_of(value)
         self._record(name, where, status, comparison=comparison, message=message)
         if self._autoflush:
@@ -481,7 +538,18 @@ class Golden:
         """
         if not isinstance(self.source, GoldenDirectory) or not self.update:
             return
-        golden_file = None if self._file_unreadable else self._golden_file()
+        with self._lock:
+            self._write(complete=complete)
+
+    def _write(self, *, complete: bool) -> None:
+        if not self._staged and not complete:
+            return
+        try:
+            golden_file = None if self._file_unreadable else self._golden_file()
+        except DumpFormatError:
+            if self._staged:
+                raise
+            return  # a file this version must not rewrite (newer schema): its test reported it
         entries: dict[str, Entry] = dict(golden_file.entries) if golden_file else {}
         stale = set(entries) - self._used if complete else set()
         if not self._staged and not stale:
@@ -491,7 +559,7 @@ class Golden:
         entries.update(self._staged)
         path = self.location
         mark_golden_dir(self.source.path)
-        write_golden(path, entries, _environment(self._device))
+        write_golden(path, entries, _environment(self._device, seed=self.seed))
         self._file = read_golden(path) if self._autoflush else _MISSING
         self._staged.clear()
         self._file_unreadable = False

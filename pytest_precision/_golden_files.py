@@ -235,11 +235,24 @@ def _tensor_keys(node: Any) -> Iterator[str]:
             yield from _tensor_keys(child)
 
 
+def check_distinct_keys(entries: Mapping[str, Entry], path: Path) -> None:
+    """Values share one tensor namespace (``out`` as a tuple stores ``out[0]``): two values
+    claiming the same key would silently overwrite each other, so that is an error."""
+    owners: dict[str, str] = {}
+    for name, entry in entries.items():
+        for key in entry.tensors:
+            other = owners.setdefault(key, name)
+            if other != name:
+                raise PrecisionInputError(
+                    f"{path}: golden values {other!r} and {name!r} both store a tensor named "
+                    f"{key!r}; rename one of them"
+                )
+
+
 def write_golden(path: Path, entries: Mapping[str, Entry], environment: Mapping[str, str]) -> None:
     """Write a test's golden file in one atomic replace."""
-    tensors: dict[str, torch.Tensor] = {}
-    for entry in entries.values():
-        tensors.update(entry.tensors)
+    check_distinct_keys(entries, path)
+    tensors = {key: t for entry in entries.values() for key, t in entry.tensors.items()}
     meta = {
         "schema": SCHEMA_VERSION,
         "environment": dict(environment),
@@ -276,12 +289,16 @@ def mark_golden_dir(directory: Path) -> None:
 
 def is_golden_dir(directory: Path) -> bool:
     """A missing or empty folder, or one with the marker, holds goldens (anything else may be a
-    dump)."""
+    dump). Dotfiles and READMEs (a ``.gitkeep`` keeping the folder in git) leave it empty."""
     if not directory.exists():
         return True
     if not directory.is_dir():
         return False
-    return (directory / MARKER).exists() or not any(directory.iterdir())
+    return (directory / MARKER).exists() or all(_is_placeholder(p) for p in directory.iterdir())
+
+
+def _is_placeholder(path: Path) -> bool:
+    return path.is_file() and (path.name.startswith(".") or path.stem.upper() == "README")
 
 
 def list_goldens(directory: Path) -> list[PurePosixPath]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -33,6 +34,7 @@ from ._golden import (
 from ._golden_files import (
     MARKER,
     SCHEMA_VERSION,
+    SUFFIX,
     atomic_write,
     golden_relpath,
     golden_scope,
@@ -71,7 +73,8 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="PATH",
         help="write every golden comparison, with its metrics, to this JSON file",
     )
-    parser.addini("golden_dir", "folder of goldens (relative to the ini file)", type="paths")
+    # a plain string: the "paths" type splits on spaces, and folder names may hold them
+    parser.addini("golden_dir", "folder of goldens (relative to the ini file)", type="string")
     parser.addini(
         "precision_tolerances",
         "per-dtype tolerances for goldens, one 'DTYPE: standard=NAME rtol=X atol=Y' per line",
@@ -96,7 +99,12 @@ class GoldenPlugin:
             raise pytest.UsageError(str(exc)) from None
         if (self.update or self.prune) and self.golden_dir is None:
             raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
-        if self.update and not hasattr(config, "workerinput") and is_golden_dir(self.golden_dir):
+        if self.update and not is_golden_dir(self.golden_dir):
+            raise pytest.UsageError(
+                f"--golden-update cannot write into {self.golden_dir}: it is a dump (or another "
+                f"folder without {MARKER}), not a golden directory"
+            )
+        if self.update and not hasattr(config, "workerinput"):
             # Marked before any xdist worker starts: a half-written folder never looks like a dump.
             mark_golden_dir(self.golden_dir)
         self._source: GoldenSource | PrecisionError | None = None
@@ -107,15 +115,22 @@ class GoldenPlugin:
         self.narrowed_by: set[str] = set()
         self.unused: list[PurePosixPath] | None = None
         self.pruned: list[str] = []
+        # records each test's call report carried, to tell what its teardown added
+        self._records_in_call: dict[str, int] = {}
 
     def _golden_dir(self, config: pytest.Config) -> Path | None:
         option = config.getoption("golden_dir")
         if option:
             return (self.invocation_dir / option).resolve()
-        paths = config.getini("golden_dir")
-        if len(paths) > 1:
-            raise pytest.UsageError(f"golden_dir names one folder, got {len(paths)}")
-        return paths[0].resolve() if paths else None
+        value = config.getini("golden_dir")
+        if isinstance(value, list):  # a TOML list, as the former "paths" type took
+            if len(value) > 1:
+                raise pytest.UsageError(f"golden_dir names one folder, got {len(value)}")
+            value = value[0] if value else ""
+        if not str(value).strip():
+            return None
+        base = config.inipath.parent if config.inipath is not None else config.rootpath
+        return (base / str(value).strip()).resolve()
 
     # --- test lifecycle (serial run or xdist worker) -------------------------------------------
 
@@ -123,12 +138,14 @@ class GoldenPlugin:
     def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
         __tracebackhide__ = True
         built: list[Golden] = []
+        lock = threading.Lock()
 
         def factory() -> Golden:
             __tracebackhide__ = True
-            if not built:
-                built.append(self._golden_for(item))
-            return built[0]
+            with lock:  # threads of the test share one golden, never build a second
+                if not built:
+                    built.append(self._golden_for(item))
+                return built[0]
 
         item.stash[_built_key] = built
         item.stash[_token_key] = activate(factory)
@@ -138,22 +155,27 @@ class GoldenPlugin:
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
         try:
             result = yield
-        except BaseException:
-            self._flush(item, complete=False)
+        except (KeyboardInterrupt, pytest.exit.Exception):
+            self._flush(item, complete=False)  # pytest skips the teardown: keep what was staged
             raise
-        self._flush(item, complete=True)
+        item.stash[_call_passed_key] = True
         return result
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        # Values are written after teardown, so a fixture's teardown may assert goldens too;
+        # only a test that ran to the end of its teardown has stale names to drop.
+        complete = False
         try:
-            return (yield)
+            result = yield
+            complete = item.stash.get(_call_passed_key, False)
+            return result
         finally:
             token = item.stash.get(_token_key, None)
             if token is not None:
                 deactivate(token)
                 del item.stash[_token_key]
-            self._flush(item, complete=False)
+            self._flush(item, complete=complete)
 
     def _flush(self, item: pytest.Item, *, complete: bool) -> None:
         for golden in item.stash.get(_built_key, []):
@@ -191,6 +213,7 @@ class GoldenPlugin:
             record_hint=record_command(target, self.golden_dir, self.invocation_dir),
             on_record=on_record,
             autoflush=False,
+            seed=_test_seed(item),
         )
 
     # --- collection: which golden files this run uses ------------------------------------------
@@ -199,9 +222,29 @@ class GoldenPlugin:
         if items:
             self.narrowed_by.add("deselected tests")
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_ignore_collect(self, collection_path: Path, config: pytest.Config) -> Iterator[Any]:
+        ignored = yield
+        if ignored and self._has_goldens_for(collection_path):
+            # --ignore, --ignore-glob, collect_ignore, norecursedirs: their goldens stay.
+            self.narrowed_by.add(f"the ignored path {collection_path.name}")
+        return ignored
+
+    def _has_goldens_for(self, path: Path) -> bool:
+        if self.golden_dir is None:
+            return False
+        try:
+            relative = PurePosixPath(path.relative_to(self.config.rootpath).as_posix())
+        except ValueError:
+            return False
+        scope = self.golden_dir / golden_scope(relative)
+        return scope.is_dir() or scope.with_name(scope.name + SUFFIX).is_file()
+
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.narrowed_by.add("collection errors")
+        elif report.skipped:
+            self.narrowed_by.add("modules skipped at collection")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collected = True
@@ -251,6 +294,8 @@ class GoldenPlugin:
     def _find_unused(self) -> None:
         # Only a marked golden directory: a dump serving as goldens has no unused files.
         if self.golden_dir is None or not (self.golden_dir / MARKER).is_file():
+            if self.golden_dir is not None and not is_golden_dir(self.golden_dir):
+                self.narrowed_by.add(f"{self.golden_dir.name} is a dump; dumps are never pruned")
             return
         if not self.collected:
             return
@@ -277,10 +322,17 @@ class GoldenPlugin:
             self.records += _records_of(report)
 
     def pytest_report_teststatus(
-        self, report: pytest.TestReport, config: pytest.Config
+        self, report: pytest.CollectReport | pytest.TestReport, config: pytest.Config
     ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
-        updated = any(record["status"] in UPDATED for record in _records_of(report))
-        if report.when == "call" and report.passed and updated:
+        if not isinstance(report, pytest.TestReport) or report.when == "setup":
+            return None
+        updated = [record["status"] in UPDATED for record in _records_of(report)]
+        if report.when == "call":
+            self._records_in_call[report.nodeid] = len(updated)
+        else:  # teardown: what a fixture's teardown recorded, unless the call said so already
+            in_call = self._records_in_call.get(report.nodeid, 0)
+            updated = [] if any(updated[:in_call]) else updated[in_call:]
+        if report.passed and any(updated):
             return "updated", "U", ("UPDATED", {"yellow": True})
         return None
 
@@ -324,13 +376,17 @@ class GoldenPlugin:
                 tr.write_line(f"  {path}")
         if skipped_prune:
             why = ", ".join(sorted(self.narrowed_by)) or "no collection to compare with"
-            tr.write_line(f"--golden-prune deleted nothing: unused goldens need a full run ({why})")
+            tr.write_line(
+                f"--golden-prune deleted nothing: unused goldens need a full run of a golden "
+                f"directory ({why})"
+            )
         if self.report_path is not None:
             tr.write_line(f"precision report written to {self.report_path}")
 
 
 _built_key = pytest.StashKey[list[Golden]]()
 _token_key = pytest.StashKey[int]()
+_call_passed_key = pytest.StashKey[bool]()
 
 
 def _marker_tolerance(item: pytest.Item) -> Tolerance:
@@ -346,10 +402,18 @@ def _marker_tolerance(item: pytest.Item) -> Tolerance:
     return Tolerance(**marker.kwargs)
 
 
-def _records_of(report: pytest.TestReport) -> list[dict[str, Any]]:
+def _test_seed(item: pytest.Item) -> int | None:
+    """The seed of the ``seeded`` / ``deterministic`` fixture when the test uses one."""
+    fixtures = getattr(item, "funcargs", {})
+    handle = fixtures.get("seeded") or fixtures.get("deterministic")
+    return getattr(handle, "seed", None)
+
+
+def _records_of(report: pytest.CollectReport | pytest.TestReport) -> list[dict[str, Any]]:
+    """The golden records a report carries; only test reports have user properties."""
     return [
         json.loads(value)
-        for name, value in report.user_properties
+        for name, value in getattr(report, "user_properties", ())
         if isinstance(name, str) and name.startswith(PROPERTY_PREFIX)
     ]
 

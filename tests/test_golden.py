@@ -106,6 +106,43 @@ def test_duplicate_name_is_rejected(tmp_path: Path) -> None:
         golden(torch.ones(2), "a")
 
 
+def test_a_name_colliding_with_a_stored_tuple_item_is_rejected(tmp_path: Path) -> None:
+    """``out`` as a tuple stores ``out[0]``: a value named ``out[0]`` would overwrite it."""
+    recorder = Golden(tmp_path, TEST_ID, update=True)
+    recorder((torch.ones(2), torch.ones(2)), "out")
+    with pytest.raises(PrecisionInputError, match=r"'out' and 'out\[0\]' both store .*'out\[0\]'"):
+        recorder(torch.full((2,), 7.0), "out[0]")
+    later = Golden(tmp_path, TEST_ID, update=True)
+    with pytest.raises(PrecisionInputError, match="rename one of them"):
+        later(torch.full((2,), 7.0), "out[0]")
+    first, second = Golden(tmp_path, TEST_ID).load("out")
+    assert torch.equal(first, torch.ones(2))
+    assert torch.equal(second, torch.ones(2))
+
+
+@pytest.mark.parametrize(
+    ("value", "tolerance", "call", "problem"),
+    [
+        (torch.ones(3), Tolerance(), {"standard": "ulps"}, "unknown standard 'ulps'"),
+        (torch.ones(3), Tolerance(standard="bogus"), {}, "unknown standard 'bogus'"),
+        (torch.ones(3, dtype=torch.complex64), Tolerance(), {}, "complex"),
+    ],
+    ids=["call-standard", "marker-standard", "complex"],
+)
+def test_unusable_tolerance_or_value_is_an_error_never_a_rewrite(
+    tmp_path: Path, value: Any, tolerance: Tolerance, call: dict[str, Any], problem: str
+) -> None:
+    location = _record(tmp_path, x=torch.ones(3))
+    before = location.read_bytes()
+    for update in (False, True):
+        golden = Golden(tmp_path, TEST_ID, update=update, tolerance=tolerance)
+        with pytest.raises(PrecisionInputError, match=problem):
+            golden(value, "x", **call)
+        golden.flush(complete=True)
+        assert [r["status"] for r in golden.records] == ["error"]
+    assert location.read_bytes() == before
+
+
 def test_update_rewrites_only_what_differs(tmp_path: Path) -> None:
     location = _record(tmp_path, same=_value(), changed=_value())
     before = read_golden(location)
@@ -143,8 +180,14 @@ def test_update_replaces_a_corrupt_file_but_never_a_newer_one(
     monkeypatch.setattr("pytest_precision._golden_files.SCHEMA_VERSION", 99)
     _record(tmp_path / "newer", out=_value())
     monkeypatch.undo()
+    newer = Golden(tmp_path / "newer", TEST_ID, update=True)
     with pytest.raises(PrecisionError, match="newer pytest-precision"):
-        Golden(tmp_path / "newer", TEST_ID, update=True)(_value(), "out")
+        newer(_value(), "out")
+    # the failed comparison is the one report: flushing neither raises again nor writes
+    before = newer.location.read_bytes()
+    newer.flush(complete=False)
+    newer.flush(complete=True)
+    assert newer.location.read_bytes() == before
 
 
 def test_tolerance_precedence_call_then_marker_then_dtype(tmp_path: Path) -> None:
@@ -210,7 +253,11 @@ def test_failure_lists_environment_differences(
     monkeypatch.setattr(
         _golden,
         "_environment",
-        lambda device=None: {**current, "torch": "9.9.9", "env.HCCL_DETERMINISTIC": "TRUE"},
+        lambda device=None, seed=None: {
+            **current,
+            "torch": "9.9.9",
+            "env.HCCL_DETERMINISTIC": "TRUE",
+        },
     )
     with pytest.raises(AssertionError) as info:
         Golden(tmp_path, TEST_ID)(_value(1.1), "out")
@@ -226,6 +273,16 @@ def test_environment_fingerprint_is_recorded(tmp_path: Path) -> None:
     assert environment["torch"] == torch.__version__
     assert environment["device"] == "cpu"
     assert environment["determinism.deterministic_algorithms"] in ("True", "False")
+
+
+def test_seed_is_recorded_only_when_the_test_seeded(tmp_path: Path) -> None:
+    """An unseeded torch seed is random: recording it made every checklist list the seed."""
+    unseeded = Golden(tmp_path, TEST_ID, update=True)
+    unseeded(_value(), "out")
+    assert "seed" not in read_golden(unseeded.location).environment
+    seeded = Golden(tmp_path / "seeded", TEST_ID, update=True, seed=1234)
+    seeded(_value(), "out")
+    assert read_golden(seeded.location).environment["seed"] == "1234"
 
 
 def test_load_returns_the_stored_value(tmp_path: Path) -> None:

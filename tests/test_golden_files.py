@@ -23,6 +23,7 @@ from pytest_precision._golden_files import (
     flatten,
     golden_relpath,
     golden_scope,
+    is_golden_dir,
     list_goldens,
     list_stale_temps,
     read_golden,
@@ -206,3 +207,14 @@ def test_atomic_write_replaces_and_cleans_up_after_failure(
     assert path.read_bytes() == b"old"
     assert list_stale_temps(tmp_path) == []
     assert list_goldens(tmp_path) == [PurePosixPath("sub/f.safetensors")]
+
+
+@pytest.mark.parametrize("placeholders", [[".gitkeep"], ["README.md", ".gitignore"], ["README"]])
+def test_folder_with_only_placeholders_can_become_a_golden_dir(
+    tmp_path: Path, placeholders: list[str]
+) -> None:
+    for name in placeholders:
+        (tmp_path / name).write_text("keep this folder in git\n")
+    assert is_golden_dir(tmp_path)
+    (tmp_path / "run.json").write_text("{}")
+    assert not is_golden_dir(tmp_path)

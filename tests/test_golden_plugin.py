@@ -8,10 +8,14 @@ import shutil
 
 import pytest
 
+from pytest_precision._golden_files import read_golden
+
 MODEL = """
 import os
 
 import pytest
+
+from pytest_precision._golden_files import read_golden
 import torch
 
 from pytest_precision import assert_close_to_golden
@@ -124,7 +128,7 @@ def test_unused_goldens_are_listed_and_pruned(model: pytest.Pytester) -> None:
     assert "unused goldens" not in by_node.stdout.str()
     refused = model.runpytest("--golden-dir", "goldens", "--golden-prune", "-k", "cast")
     refused.stdout.fnmatch_lines(
-        ["--golden-prune deleted nothing: unused goldens need a full run (deselected tests)"]
+        ["--golden-prune deleted nothing: unused goldens need a full run * (deselected tests)"]
     )
     assert (model.path / "goldens" / stale).exists()
 
@@ -245,6 +249,10 @@ def test_bad_goldens_fail_only_their_test(
     with monkeypatch.context() as mp:
         mp.setattr("pytest_precision._golden_files.SCHEMA_VERSION", 99)
         pytester.runpytest("--golden-dir", "g", "--golden-update", "-k", "newer")
+    # an update leaves the newer golden alone: one failure, no second error at teardown
+    pytester.runpytest("--golden-dir", "g", "--golden-update", "-k", "newer").assert_outcomes(
+        failed=1
+    )
     corrupt = pytester.path / "g/test_bad/test_corrupt.safetensors"
     corrupt.write_bytes(corrupt.read_bytes()[:40])
     monkeypatch.setenv("CHANGED", "1")
@@ -261,6 +269,8 @@ def test_bad_goldens_fail_only_their_test(
 
 DUMP_CONFTEST = """
 import pytest
+
+from pytest_precision._golden_files import read_golden
 import torch
 
 import pytest_precision.dump
@@ -308,9 +318,16 @@ def test_golden_dir_can_be_a_dump(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         ["*golden mismatch (golden: *gpu_dump record Module.model.layers.0.mlp.MLP.*output.0)"]
     )
-    update = pytester.runpytest("--golden-dir", "gpu_dump", "--golden-update")
-    update.stdout.fnmatch_lines(["*--golden-update cannot write into *gpu_dump: it is a dump*"])
     assert "unused goldens" not in result.stdout.str()
+    # one usage error at startup, not a failure per test
+    update = pytester.runpytest("--golden-dir", "gpu_dump", "--golden-update")
+    assert update.ret == pytest.ExitCode.USAGE_ERROR
+    update.stderr.fnmatch_lines(["*--golden-update cannot write into *gpu_dump: it is a dump*"])
+    prune = pytester.runpytest("--golden-dir", "gpu_dump", "--golden-prune")
+    prune.stdout.fnmatch_lines(
+        ["--golden-prune deleted nothing: * (gpu_dump is a dump; dumps are never pruned)"]
+    )
+    assert (dump / "manifest.json").is_file()
 
 
 @pytest.mark.slow
@@ -358,3 +375,217 @@ def test_bad_precision_marker_fails_its_test(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         ["*@pytest.mark.precision takes only the keywords standard=, rtol=, atol= (got *tol*)"]
     )
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_collection_errors_and_module_skips_report_normally(
+    pytester: pytest.Pytester, workers: list[str]
+) -> None:
+    """Collect reports carry no user properties: the goldens hooks must not touch them."""
+    pytester.makepyfile(
+        test_broken='raise ImportError("x")',
+        test_skipped='import pytest\npytest.skip("no npu", allow_module_level=True)',
+        test_fine="def test_fine():\n    pass",
+    )
+    result = pytester.runpytest_subprocess("-ra", *workers)
+    result.stdout.fnmatch_lines(["*ERROR*test_broken.py*", "SKIPPED*no npu*"])
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    assert result.ret in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.TESTS_FAILED)
+
+
+NPU_MODULE = """
+import os
+
+import pytest
+
+from pytest_precision._golden_files import read_golden
+import torch
+
+from pytest_precision import assert_close_to_golden
+
+if not os.environ.get("HAVE_NPU"):
+    pytest.skip("no npu", allow_module_level=True)
+
+
+def test_npu():
+    assert_close_to_golden(torch.ones(3), "y")
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "conftest", "why"),
+    [
+        ([], "", "modules skipped at collection"),
+        (["--ignore=test_npu.py"], "", "the ignored path test_npu.py"),
+        (["--ignore-glob=*npu*"], "", "the ignored path test_npu.py"),
+        (["--deselect=test_npu.py::test_npu"], "", "deselected tests"),
+        ([], "collect_ignore = ['test_npu.py']", "the ignored path test_npu.py"),
+    ],
+    ids=["module-skip", "ignore", "ignore-glob", "deselect", "collect_ignore"],
+)
+def test_goldens_of_tests_left_out_of_collection_are_never_pruned(
+    model: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    conftest: str,
+    why: str,
+) -> None:
+    model.makepyfile(test_npu=NPU_MODULE)
+    monkeypatch.setenv("HAVE_NPU", "1")
+    assert model.runpytest("--golden-dir", "goldens", "--golden-update").ret == 0
+    monkeypatch.delenv("HAVE_NPU")
+    if args and "deselect" in args[0]:
+        monkeypatch.setenv("HAVE_NPU", "1")
+    model.makeconftest(conftest)
+    npu_golden = model.path / "goldens" / "test_npu" / "test_npu.safetensors"
+    assert npu_golden.is_file()
+
+    result = model.runpytest("--golden-dir", "goldens", "--golden-prune", *args)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([f"--golden-prune deleted nothing: *({why})"])
+    result.stdout.no_fnmatch_line("unused goldens*")
+    assert npu_golden.is_file()
+
+
+THREADS = """
+import sys
+import threading
+
+import pytest
+
+from pytest_precision._golden_files import read_golden
+import torch
+
+from pytest_precision import assert_close_to_golden
+
+
+@pytest.mark.parametrize("i", range(12))
+def test_threads(i):
+    sys.setswitchinterval(1e-6)
+    barrier = threading.Barrier(8)
+
+    def work(k):
+        barrier.wait()
+        assert_close_to_golden(torch.ones(2) * k, f"v{k}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+"""
+
+
+def test_threads_recording_at_once_keep_every_value(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_threads=THREADS)
+    """A racing second golden of the same test used to drop every value as stale."""
+    pytester.makepyfile(test_threads=THREADS)
+    record = pytester.runpytest_subprocess("--golden-dir", "goldens", "--golden-update")
+    assert record.parseoutcomes() == {"updated": 12}
+    for _ in range(3):
+        update = pytester.runpytest_subprocess("--golden-dir", "goldens", "--golden-update")
+        assert update.parseoutcomes() == {"passed": 12}
+        for path in (pytester.path / "goldens").rglob("*.safetensors"):
+            assert sorted(read_golden(path).entries) == [f"v{k}" for k in range(8)], path
+
+
+TEARDOWN = """
+import pytest
+import torch
+
+from pytest_precision import assert_close_to_golden
+
+
+@pytest.fixture
+def checked():
+    yield
+    assert_close_to_golden(torch.arange(3.0), "final_state")
+
+
+def test_both(checked):
+    assert_close_to_golden(torch.ones(3), "x")
+
+
+def test_teardown_only(checked):
+    pass
+"""
+
+
+def test_values_asserted_in_fixture_teardown_are_kept(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_teardown=TEARDOWN)
+    first = pytester.runpytest("--golden-dir", "goldens", "--golden-update", "-v")
+    first.stdout.fnmatch_lines(["*::test_both UPDATED*", "*::test_teardown_only UPDATED*"])
+    assert first.parseoutcomes() == {"passed": 1, "updated": 2}
+    golden = pytester.path / "goldens" / "test_teardown" / "test_both.safetensors"
+    assert sorted(read_golden(golden).entries) == ["final_state", "x"]
+    again = pytester.runpytest("--golden-dir", "goldens", "--golden-update")
+    assert again.parseoutcomes() == {"passed": 2}
+    assert sorted(read_golden(golden).entries) == ["final_state", "x"]
+
+
+def test_golden_records_the_seed_of_the_seeded_fixture(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_seed="""
+import torch
+
+from pytest_precision import assert_close_to_golden
+
+
+def test_seeded(seeded):
+    assert_close_to_golden(torch.rand(3), "x")
+
+
+def test_unseeded():
+    assert_close_to_golden(torch.ones(3), "x")
+"""
+    )
+    update = pytester.runpytest("--golden-dir", "g", "--golden-update")
+    assert update.parseoutcomes() == {"updated": 2}
+    seeded = read_golden(pytester.path / "g/test_seed/test_seeded.safetensors")
+    unseeded = read_golden(pytester.path / "g/test_seed/test_unseeded.safetensors")
+    assert seeded.environment["seed"].isdigit()
+    assert "seed" not in unseeded.environment
+
+
+@pytest.mark.parametrize(
+    ("suffix", "content"),
+    [
+        (".ini", "[pytest]\ngolden_dir = tests/my goldens\n"),
+        (".toml", '[tool.pytest.ini_options]\ngolden_dir = "tests/my goldens"\n'),
+        (".toml", '[tool.pytest.ini_options]\ngolden_dir = ["tests/my goldens"]\n'),
+    ],
+    ids=["ini", "toml-string", "toml-list"],
+)
+def test_ini_golden_dir_may_contain_spaces(
+    pytester: pytest.Pytester, suffix: str, content: str
+) -> None:
+    """The "paths" ini type split 'tests/my goldens' into two folders."""
+    name = "pytest" if suffix == ".ini" else "pyproject"
+    pytester.makefile(suffix, **{name: content})
+    pytester.makepyfile(
+        test_a="import torch\nfrom pytest_precision import assert_close_to_golden\n"
+        "def test_a():\n    assert_close_to_golden(torch.ones(3), 'x')\n"
+    )
+    update = pytester.runpytest_subprocess("--golden-update")
+    assert update.parseoutcomes()["updated"] == 1
+    assert (pytester.path / "tests/my goldens/test_a/test_a.safetensors").is_file()
+
+
+def test_values_staged_before_pytest_exit_are_written(pytester: pytest.Pytester) -> None:
+    """pytest skips the teardown after an exit, where values are otherwise written."""
+    pytester.makepyfile(
+        test_exit="""
+import pytest
+import torch
+
+from pytest_precision import assert_close_to_golden
+
+
+def test_stops():
+    assert_close_to_golden(torch.ones(3), "x")
+    pytest.exit("stop")
+"""
+    )
+    pytester.runpytest_subprocess("--golden-dir", "g", "--golden-update")
+    stored = read_golden(pytester.path / "g/test_exit/test_stops.safetensors")
+    assert list(stored.entries) == ["x"]

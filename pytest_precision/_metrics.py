@@ -43,8 +43,8 @@ class TensorStats:
     """Summary statistics of one tensor, as stored in dumps.
 
     ``max``, ``min``, ``mean`` and ``norm`` (L2) cover the finite elements only; non-finite ones
-    are counted separately. Complex tensors are summarized over their real and imaginary parts.
-    All four are ``nan`` when no element is finite.
+    are counted separately. Complex tensors are summarized over their real and imaginary parts
+    (``numel`` still counts complex elements). All four are ``nan`` when no element is finite.
     """
 
     max: float
@@ -239,8 +239,9 @@ class ErrorMetrics:
     their own small-value rule). ULP errors are in units of last place of ``dtype`` (the lower
     precision of the two inputs) at the expected value. Elements non-finite on either side are
     left out of every numeric metric; they count as mismatches unless both sides hold the same
-    value (NaN and NaN, or the same infinity). Cosine is 1 when both sides are all zero and 0
-    when only one is. Indices are in the tensors' own shape.
+    value (NaN and NaN, or the same infinity). Cosine is 1 when the two sides are equal (all
+    zero included), 0 when only one side is all zero, and NaN when the float64 sums overflow.
+    Indices are in the tensors' own shape, pointing at elements finite on both sides.
     """
 
     shape: tuple[int, ...]

@@ -334,19 +334,33 @@ def _count(mask: torch.Tensor) -> torch.Tensor:
 def _count_exceedances(
     exceedances: Sequence[Exceedance], known_maxima: dict[int, float]
 ) -> torch.Tensor:
-    """Elements above each limit. A comparison is skipped when the values' maximum is not above
-    the limit (comparisons cost four times a reduction, and close tensors rarely need them).
-    ``known_maxima`` maps ``id(values)`` to maxima already reduced."""
-    counts = []
-    maxima = dict(known_maxima)
-    for values, limit in exceedances:
-        if id(values) not in maxima:
-            maxima[id(values)] = float(values.amax()) if values.numel() else -math.inf
-        if maxima[id(values)] > limit:
-            counts.append(_count(values > limit))
-        else:
-            counts.append(torch.zeros((), dtype=torch.int32, device=values.device))
-    return torch.stack(counts)
+    """Elements above each limit, in the order given.
+
+    Comparisons cost four times a reduction, so each distinct values tensor is compared once,
+    against its lowest limit, and only when its maximum exceeds that limit; its higher limits
+    are counted on the few elements that passed the first. ``known_maxima`` maps
+    ``id(values)`` to maxima already reduced.
+    """
+    counts: list[torch.Tensor | None] = [None] * len(exceedances)
+    groups: dict[int, list[int]] = {}
+    for position, (values, _) in enumerate(exceedances):
+        groups.setdefault(id(values), []).append(position)
+    for positions in groups.values():
+        values = exceedances[positions[0]][0]
+        zero = torch.zeros((), dtype=torch.int32, device=values.device)
+        maximum = known_maxima.get(id(values))
+        if maximum is None:
+            maximum = float(values.amax()) if values.numel() else -math.inf
+        ordered = sorted(positions, key=lambda p: exceedances[p][1])
+        lowest = exceedances[ordered[0]][1]
+        if not maximum > lowest:
+            for p in ordered:
+                counts[p] = zero
+            continue
+        above = values[values > lowest]
+        for p in ordered:
+            counts[p] = _count(above > exceedances[p][1])
+    return torch.stack([c for c in counts if c is not None])
 
 
 def _nonfinite_counts(t: torch.Tensor) -> list[torch.Tensor]:
@@ -406,8 +420,10 @@ def measure(
         torch.amax(err.ulp_err, dim=0, out=maxima[chunk, 2])
         err.rel_max = float(maxima[chunk, 1])
         if err.rel_max > THOUSANDTH:
-            counts[0] += _count(err.rel_err > THOUSANDTH)
-            counts[1] += _count(err.rel_err > FIVE_THOUSANDTH)
+            counts[:2] += _count_exceedances(
+                [(err.rel_err, THOUSANDTH), (err.rel_err, FIVE_THOUSANDTH)],
+                {id(err.rel_err): err.rel_max},
+            )
         if rule is not None:
             found = _count_exceedances(rule.exceedances(err), {id(err.rel_err): err.rel_max})
             if rule_counts is None:
@@ -506,7 +522,10 @@ def _sqnr_db(signal: float, noise: float) -> float:
         return math.inf
     if signal == 0.0:
         return -math.inf
-    return 10.0 * math.log10(signal / noise)
+    ratio = signal / noise
+    if ratio == 0.0:  # the signal underflowed against the noise
+        return -math.inf
+    return 10.0 * math.log10(ratio)
 
 
 def _ravel(index: tuple[int, ...], shape: tuple[int, ...]) -> int:

@@ -34,7 +34,7 @@ def reference_metrics(a: np.ndarray, e: np.ndarray, dtype: torch.dtype) -> dict[
     if aa == 0 or ee == 0:
         cosine = 1.0 if aa == ee else 0.0
     else:
-        cosine = float(a @ e) / (math.sqrt(aa) * math.sqrt(ee))
+        cosine = max(-1.0, min(1.0, float(a @ e) / (math.sqrt(aa) * math.sqrt(ee))))
     dd = float(d @ d)
     n = a.size
     return {
@@ -46,7 +46,9 @@ def reference_metrics(a: np.ndarray, e: np.ndarray, dtype: torch.dtype) -> dict[
         "mean_abs_err": float(d.sum()) / n,
         "mean_rel_err": float(rel.sum()) / n,
         "rmse": math.sqrt(dd / n),
-        "sqnr_db": math.inf if dd == 0 else (-math.inf if ee == 0 else 10 * math.log10(ee / dd)),
+        "sqnr_db": math.inf
+        if dd == 0
+        else (-math.inf if ee / dd == 0 else 10 * math.log10(ee / dd)),
         "thousandth_ratio": float((rel <= 1e-3).mean()),
         "five_thousandth_ratio": float((rel <= 5e-3).mean()),
         "max_ulp": float(ulp_err.max()),

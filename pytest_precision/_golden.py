@@ -125,7 +125,6 @@ def parse_tolerances(
 
 
 # --- environment fingerprint -------------------------------------------------------------------
-# Private stand-in for the shared fingerprint of the determinism work; swap when merged.
 
 
 def _environment(device: torch.device | None = None, seed: int | None = None) -> dict[str, str]:

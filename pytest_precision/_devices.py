@@ -129,7 +129,10 @@ class AcceleratorBackend(DeviceBackend):
         # of initializing the device just to read a state.
         tracker = getattr(module, "_lazy_seed_tracker", None)
         if tracker is None:
-            return "lazy", None
+            # torch_npu keeps no seed tracker: seeds join the lazy-call queue, so remember its
+            # length and cut what was queued after.
+            queue = getattr(module, "_queued_calls", None)
+            return "queue", None if queue is None else len(queue)
         return "lazy", (
             tracker.manual_seed_all_cb,
             tracker.manual_seed_cb,
@@ -141,6 +144,12 @@ class AcceleratorBackend(DeviceBackend):
         kind, payload = state
         if kind == "states":
             module.set_rng_state_all(payload)
+            return
+        if kind == "queue":
+            if module.is_initialized():  # initialized in between: the queued seeds were applied
+                module.manual_seed_all(TORCH_DEFAULT_SEED)
+            elif payload is not None:
+                del module._queued_calls[payload:]
             return
         tracker = getattr(module, "_lazy_seed_tracker", None)
         if tracker is not None and payload is not None:
@@ -218,11 +227,15 @@ class NpuBackend(AcceleratorBackend):
         if torch_npu is None:
             return False, reason
         npu = getattr(torch, "npu", None)
-        if npu is None or not npu.is_available():
+        try:
+            visible_count = self.device_count() if npu is not None and npu.is_available() else 0
+        except Exception as exc:  # a broken driver raises from the query itself
+            return False, f"torch_npu could not query the NPUs: {type(exc).__name__}: {exc}"
+        if not visible_count:
             visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
             where = f" (ASCEND_RT_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
             return False, f"torch_npu is installed but no NPU is visible{where}"
-        return True, f"{self.device_count()} device(s)"
+        return True, f"{visible_count} device(s)"
 
     def versions(self) -> dict[str, str]:
         torch_npu, _ = _import_torch_npu()
@@ -243,17 +256,25 @@ class NpuBackend(AcceleratorBackend):
         return {"HCCL_DETERMINISTIC": reason, "LCCL_DETERMINISTIC": reason}
 
 
+#: Why ``torch_npu`` failed to import, once: a broken install is not retried on every check.
+_TORCH_NPU_FAILURE: list[str] = []
+
+
 def _import_torch_npu() -> tuple[ModuleType | None, str]:
     """Import ``torch_npu`` if it is installed; otherwise say why not."""
     module = sys.modules.get("torch_npu")
     if module is not None:
         return module, "imported"
+    if _TORCH_NPU_FAILURE:
+        return None, _TORCH_NPU_FAILURE[0]
     if importlib.util.find_spec("torch_npu") is None:
         return None, "torch_npu is not installed"
     try:
         return importlib.import_module("torch_npu"), "imported"
     except Exception as exc:  # a broken CANN install raises anything from OSError to RuntimeError
-        return None, f"torch_npu is installed but failed to import: {type(exc).__name__}: {exc}"
+        reason = f"torch_npu is installed but failed to import: {type(exc).__name__}: {exc}"
+        _TORCH_NPU_FAILURE.append(reason)
+        return None, reason
 
 
 def _cann_version(torch_npu: ModuleType) -> str:

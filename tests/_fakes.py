@@ -56,6 +56,34 @@ class FakeAccelerator:
         return "Fake Accelerator 9000"
 
 
+class FakeTorchNpu(FakeAccelerator):
+    """Lazy seeding the way ``torch_npu`` does it: no seed tracker; seeding an uninitialized
+    device appends to ``_queued_calls``, which initialization runs in order."""
+
+    def __init__(self, count: int = 2, *, initialized: bool = False) -> None:
+        super().__init__(count, initialized=initialized)
+        del self._lazy_seed_tracker
+        self._queued_calls: list[tuple[Any, list[str]]] = []
+
+    def manual_seed_all(self, seed: int) -> None:
+        self.calls.append(("manual_seed_all", seed))
+
+        def apply() -> None:
+            self.states = [f"seeded {seed}"] * self.count
+
+        if self.initialized:
+            apply()
+        else:
+            self._queued_calls.append((apply, []))
+
+    def init(self) -> None:
+        """What the first use of the device does: run the queued calls."""
+        self.initialized = True
+        for call, _ in self._queued_calls:
+            call()
+        self._queued_calls.clear()
+
+
 def install_fake_npu(
     monkeypatch: pytest.MonkeyPatch, npu: FakeAccelerator, *, cann: str = "8.1.RC1"
 ) -> types.ModuleType:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from _fakes import FakeAccelerator, install_fake_cuda, install_fake_npu
+from _fakes import FakeAccelerator, FakeTorchNpu, install_fake_cuda, install_fake_npu
 
-from pytest_precision import PrecisionInputError
+from pytest_precision import PrecisionInputError, _devices
 from pytest_precision._devices import (
     TORCH_DEFAULT_SEED,
     available_devices,
@@ -175,12 +175,48 @@ def test_npu_with_a_broken_torch_npu_reports_the_import_error(
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    monkeypatch.setattr(_devices, "_TORCH_NPU_FAILURE", [])
+    imports = []
+    real_import = importlib.import_module
+    monkeypatch.setattr(
+        importlib, "import_module", lambda name: imports.append(name) or real_import(name)
+    )
+    for _ in range(3):
+        available, reason = get_backend("npu").is_available()
+        assert not available
+        assert reason == (
+            "torch_npu is installed but failed to import: "
+            "OSError: libascendcl.so: cannot open shared object file"
+        )
+    assert imports == ["torch_npu"]  # a broken install is tried once, not on every check
+
+
+def test_npu_whose_driver_query_raises_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeAccelerator(count=1)
+
+    def broken() -> bool:
+        raise RuntimeError("drvGetDevNum failed")
+
+    fake.is_available = broken  # type: ignore[method-assign]
+    install_fake_npu(monkeypatch, fake)
     available, reason = get_backend("npu").is_available()
     assert not available
-    assert reason == (
-        "torch_npu is installed but failed to import: "
-        "OSError: libascendcl.so: cannot open shared object file"
-    )
+    assert "RuntimeError: drvGetDevNum failed" in reason
+
+
+def test_torch_npu_lazy_seed_queue_is_cut_back_on_restore(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    npu = FakeTorchNpu(count=2)  # like torch_npu: no seed tracker, a lazy-call queue
+    install_fake_npu(monkeypatch, npu)
+    backend = get_backend("npu")
+    for seed in (11, 22, 33):
+        state = backend.get_rng_state()
+        backend.seed(seed)
+        backend.set_rng_state(state)
+    assert npu._queued_calls == []
+    npu.init()
+    assert npu.states == ["initial state 0", "initial state 1"]
 
 
 def test_fake_npu_without_devices_says_none_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,12 +133,18 @@ def _seed_generators(undo: ExitStack, seed: int) -> None:
         backend.seed(seed)
 
 
+#: Other values of a determinism variable that are just as deterministic.
+_EQUIVALENT_ENV: dict[str, tuple[str, ...]] = {"CUBLAS_WORKSPACE_CONFIG": (":4096:8", ":16:8")}
+
+
 def _enable_deterministic_mode(undo: ExitStack) -> None:
     available = {backend.name for backend in available_devices()}
     for backend in backends():
         late = backend.late_env() if backend.name in available else {}
         for name, value in backend.deterministic_env.items():
             previous = os.environ.get(name)
+            if previous in _EQUIVALENT_ENV.get(name, ()):
+                continue  # already a deterministic setting: keep the user's choice
             undo.callback(_restore_env, name, previous)
             os.environ[name] = value
             if previous != value and name in late:
@@ -183,8 +189,12 @@ def _replace(undo: ExitStack, owner: object, name: str, replacement: object) -> 
     setattr(owner, name, replacement)
 
 
-def _identity_dropout(input: Any, *args: Any, **kwargs: Any) -> Any:
-    """Dropout with every element kept and no rescaling: the eval-mode result."""
+def _identity_dropout(
+    input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> torch.Tensor:
+    """Dropout with every element kept and no rescaling: the eval-mode result. The signature
+    is spelled out (every ``torch.nn.functional`` dropout shares it) so TorchScript compiles
+    models that call it."""
     return input
 
 
@@ -207,6 +217,7 @@ def _without_attention_dropout(sdpa: Callable[..., Any]) -> Callable[..., Any]:
 
 def assert_deterministic(
     fn: Callable[..., Any],
+    /,
     *args: Any,
     runs: int = 3,
     seed: int = DEFAULT_SEED,
@@ -236,7 +247,7 @@ def assert_deterministic(
             seed_all(seed, deterministic=deterministic, remove_dropout=False),
             trace_context as trace,
         ):
-            leaves = [(path, _keep(leaf)) for path, leaf in flatten(fn(*args, **kwargs))]
+            leaves = [(path, _keep(path, leaf)) for path, leaf in flatten(fn(*args, **kwargs))]
         if run == 1:
             first, first_trace = leaves, trace
             continue
@@ -252,13 +263,28 @@ def assert_deterministic(
             raise AssertionError("\n".join(lines))
 
 
-def _keep(leaf: Any) -> Any:
-    """Copy array leaves, so a buffer the callee reuses cannot change a recorded output."""
+#: Leaves compared by value (floats and complex numbers bit by bit).
+_PLAIN_LEAVES = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _keep(path: str, leaf: Any) -> Any:
+    """Copy array leaves, so a buffer the callee reuses cannot change a recorded output; numpy
+    scalars become 0-d arrays (compared bit by bit). Anything else cannot be compared."""
     if isinstance(leaf, torch.Tensor):
+        if leaf.layout != torch.strided:
+            return leaf.detach().to_dense()
         return leaf.detach().clone()
-    if isinstance(leaf, np.ndarray):
-        return leaf.copy()
-    return leaf
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        array = np.array(leaf)
+        if array.dtype.hasobject:
+            raise PrecisionInputError(f"{path or 'output'}: cannot compare a numpy object array")
+        return array
+    if isinstance(leaf, _PLAIN_LEAVES):
+        return leaf
+    raise PrecisionInputError(
+        f"{path or 'output'}: cannot compare a {type(leaf).__name__} between runs; return "
+        "tensors, arrays, numbers or strings (in tuples, lists, dicts or dataclasses)"
+    )
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
@@ -298,9 +324,16 @@ def _leaf_difference(a: Any, b: Any, run: int) -> str | None:
         return f"run 1 gave a {type(a).__name__}, run {run} a {type(b).__name__}"
     if isinstance(a, (torch.Tensor, np.ndarray)):
         return _array_difference(a, b, run)
-    # Floats compare bitwise: nan equals nan, -0.0 differs from 0.0.
-    same = a.hex() == b.hex() if isinstance(a, float) else bool(a == b)
-    return None if same else f"run 1 = {a!r}, run {run} = {b!r}"
+    return None if _bits(a) == _bits(b) else f"run 1 = {a!r}, run {run} = {b!r}"
+
+
+def _bits(value: Any) -> Any:
+    """Floats and complex numbers bit by bit: nan equals nan, -0.0 differs from 0.0."""
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, complex):
+        return (value.real.hex(), value.imag.hex())
+    return value
 
 
 def _array_difference(
@@ -383,11 +416,15 @@ def _digest(output: Any) -> str:
     digest = hashlib.sha256()
     for path, leaf in flatten(output):
         digest.update(path.encode())
-        if isinstance(leaf, (torch.Tensor, np.ndarray)):
+        if (isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided) or (
+            isinstance(leaf, np.ndarray) and not leaf.dtype.hasobject
+        ):
             digest.update(f"{leaf.dtype}{tuple(leaf.shape)}".encode())
             digest.update(_element_bytes(leaf).tobytes())
-        else:
-            digest.update(repr(leaf).encode())
+        elif isinstance(leaf, (*_PLAIN_LEAVES, np.generic)):
+            digest.update(repr(_bits(leaf)).encode())
+        else:  # an opaque object (a KV cache, say): its repr may hold a memory address
+            digest.update(type(leaf).__qualname__.encode())
     return digest.hexdigest()
 
 

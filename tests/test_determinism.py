@@ -446,3 +446,77 @@ def test_a_one_ulp_change_anywhere_is_caught_at_its_path_and_index(
             f"shape {tuple(outputs[item].shape)}); first at index {index}: "
         )
     )
+
+
+# --- found in review -------------------------------------------------------------------------
+
+
+def test_numpy_scalars_and_complex_numbers_compare_bit_by_bit() -> None:
+    assert_deterministic(lambda: (np.float32("nan"), complex(math.nan, 0.0)))
+    signs = iter([0.0, -0.0, -0.0])
+    with pytest.raises(AssertionError, match=r"1 of 1 elements differ"):
+        assert_deterministic(lambda: np.float32(next(signs)))
+    zeros = iter([complex(0.0, 0.0), complex(-0.0, 0.0), complex(-0.0, 0.0)])
+    with pytest.raises(AssertionError, match="differ"):
+        assert_deterministic(lambda: next(zeros))
+
+
+def test_values_that_cannot_be_compared_are_input_errors() -> None:
+    with pytest.raises(PrecisionInputError, match=r"\[1\]: cannot compare a object between runs"):
+        assert_deterministic(lambda: (torch.ones(2), object()))
+    with pytest.raises(PrecisionInputError, match="numpy object array"):
+        assert_deterministic(lambda: np.array([object()]))
+
+
+def test_fn_keyword_reaches_the_callee() -> None:
+    assert_deterministic(lambda fn: torch.full((2,), float(fn)), fn=3)
+
+
+class _Cache:
+    """Like an HF DynamicCache: an opaque object whose repr holds its address."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class _LayerWithCache(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, _Cache]:
+        return x * 2, _Cache(x)
+
+
+class _NoisyTop(torch.nn.Module):
+    """Deterministic inside its layer; the top adds a different value on every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = _LayerWithCache()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.layer(x)
+        self.calls += 1
+        return y + 1e-3 * self.calls
+
+
+def test_locate_ignores_addresses_of_opaque_outputs() -> None:
+    model = _NoisyTop()
+    with pytest.raises(
+        AssertionError, match="first module whose output differed: the model itself"
+    ):
+        assert_deterministic(lambda: model(torch.ones(3)), locate=model, deterministic=False)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_dropout_removal_keeps_torchscript_working() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))
+    with seed_all(1):
+        scripted = torch.jit.script(model)
+    scripted.eval()
+    assert scripted(torch.ones(1, 2)).shape == (1, 2)
+
+
+def test_an_equally_deterministic_cublas_setting_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    with seed_all(1):
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"

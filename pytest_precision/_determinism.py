@@ -13,6 +13,7 @@ import hashlib
 import os
 import random
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -47,6 +48,11 @@ class DeterminismWarning(UserWarning):
     """A determinism setting could not take effect in this process."""
 
 
+#: Active handles, oldest first: changes are process-wide, so they stack process-wide.
+_ACTIVE: list[SeedHandle] = []
+_ACTIVE_LOCK = threading.RLock()
+
+
 class SeedHandle:
     """What :func:`seed_all` changed; :meth:`restore` (or leaving the ``with`` block) undoes it."""
 
@@ -65,9 +71,20 @@ class SeedHandle:
     def restore(self) -> None:
         """Put back every RNG state, environment variable, torch flag and patched function.
 
-        Undoes in reverse order of application, so nested handles restore cleanly when they are
-        restored innermost first. Calling it again does nothing.
+        Undoes in reverse order of application. Handles created later and still active are
+        restored first (their changes sit on top of this one's), so any restore order leaves
+        the process as it was. Calling it again does nothing.
         """
+        with _ACTIVE_LOCK:
+            if not self._active:
+                return
+            while _ACTIVE and _ACTIVE[-1] is not self:
+                _ACTIVE.pop()._close()
+            if _ACTIVE:
+                _ACTIVE.pop()
+            self._close()
+
+    def _close(self) -> None:
         self._active = False
         self._undo.close()
 
@@ -110,7 +127,10 @@ def seed_all(
     except BaseException:
         undo.close()
         raise
-    return SeedHandle(seed, deterministic, remove_dropout, undo)
+    handle = SeedHandle(seed, deterministic, remove_dropout, undo)
+    with _ACTIVE_LOCK:
+        _ACTIVE.append(handle)
+    return handle
 
 
 def derive_seed(session_seed: int, name: str) -> int:

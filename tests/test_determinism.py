@@ -520,3 +520,15 @@ def test_an_equally_deterministic_cublas_setting_is_kept(monkeypatch: pytest.Mon
     with seed_all(1):
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+def test_restoring_an_outer_handle_first_restores_the_inner_one_too() -> None:
+    before = global_state()
+    outer = seed_all(1)
+    inner = seed_all(2)
+    outer.restore()
+    assert not inner.active
+    inner.restore()  # idempotent
+    assert changed(before, global_state()) == []
+    assert F.dropout is not None
+    assert "identity" not in F.dropout.__name__

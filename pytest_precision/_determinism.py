@@ -390,8 +390,11 @@ def _element(x: torch.Tensor | np.ndarray, rows: np.ndarray, flat: int) -> str:
     value = x.reshape(-1)[flat].item()
     if not isinstance(value, (float, complex)):
         return repr(value)
-    row = rows[flat] if sys.byteorder == "big" else rows[flat][::-1]
-    return f"{value!r} (bits 0x{row.tobytes().hex()})"
+    # Most significant byte first, per part: a complex number is its real part, then imaginary.
+    parts = np.split(rows[flat], 2 if isinstance(value, complex) else 1)
+    if sys.byteorder == "little":
+        parts = [part[::-1] for part in parts]
+    return f"{value!r} (bits {' '.join('0x' + part.tobytes().hex() for part in parts)})"
 
 
 class _ModuleTracer:

@@ -532,3 +532,9 @@ def test_restoring_an_outer_handle_first_restores_the_inner_one_too() -> None:
     assert changed(before, global_state()) == []
     assert F.dropout is not None
     assert "identity" not in F.dropout.__name__
+
+
+def test_complex_bits_print_real_part_first() -> None:
+    values = iter([1 + 2j, 1 + 3j, 1 + 3j])
+    with pytest.raises(AssertionError, match=r"\(1\+2j\) \(bits 0x3f800000 0x40000000\)"):
+        assert_deterministic(lambda: torch.tensor([next(values)], dtype=torch.complex64))

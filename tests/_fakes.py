@@ -40,7 +40,11 @@ class FakeAccelerator:
         if self.initialized:
             apply()
         else:
-            self._lazy_seed_tracker.queue_seed_all(apply, [])
+            self._queue_seed(apply)
+
+    def _queue_seed(self, apply: Any) -> None:
+        """What torch.cuda does before initialization: keep the seed in its tracker."""
+        self._lazy_seed_tracker.queue_seed_all(apply, [])
 
     def get_rng_state_all(self) -> list[Any]:
         return list(self.states)
@@ -65,16 +69,8 @@ class FakeTorchNpu(FakeAccelerator):
         del self._lazy_seed_tracker
         self._queued_calls: list[tuple[Any, list[str]]] = []
 
-    def manual_seed_all(self, seed: int) -> None:
-        self.calls.append(("manual_seed_all", seed))
-
-        def apply() -> None:
-            self.states = [f"seeded {seed}"] * self.count
-
-        if self.initialized:
-            apply()
-        else:
-            self._queued_calls.append((apply, []))
+    def _queue_seed(self, apply: Any) -> None:
+        self._queued_calls.append((apply, []))
 
     def init(self) -> None:
         """What the first use of the device does: run the queued calls."""

@@ -6,6 +6,7 @@ every computation runs on the device where the tensor lives.
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 from collections.abc import Iterator, Sequence
@@ -13,6 +14,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+from . import _kernels
 
 #: Elements per chunk: large enough to amortize per-op dispatch, small enough to stay in cache.
 CHUNK_NUMEL = 1 << 18
@@ -96,6 +99,27 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         t = torch.view_as_real(t.resolve_conj().resolve_neg())
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
+    if _kernels.accepts(t):
+        total, sq_total, lo, hi, nan, posinf, neginf = _kernels.stats(flatten_detached(t))
+    else:
+        total, sq_total, lo, hi, nan, posinf, neginf = _torch_stats(t)
+    finite_count = t.numel() - nan - posinf - neginf  # real components, for complex tensors
+    if finite_count == 0:
+        return TensorStats(math.nan, math.nan, math.nan, math.nan, nan, posinf, neginf, numel)
+    return TensorStats(
+        max=hi,
+        min=lo,
+        mean=total / finite_count,
+        norm=math.sqrt(sq_total),
+        nan_count=nan,
+        posinf_count=posinf,
+        neginf_count=neginf,
+        numel=numel,
+    )
+
+
+def _torch_stats(t: torch.Tensor) -> tuple[float, float, float, float, int, int, int]:
+    """(sum, sum of squares, min, max) of the finite elements and (nan, +inf, -inf) counts."""
     total = 0.0
     sq_total = 0.0
     lo = math.inf
@@ -124,19 +148,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         hi = max(hi, float(c_hi))
         total += c_total
         sq_total += float(torch.dot(c64, c64))
-    finite_count = t.numel() - nan - posinf - neginf  # real components, for complex tensors
-    if finite_count == 0:
-        return TensorStats(math.nan, math.nan, math.nan, math.nan, nan, posinf, neginf, numel)
-    return TensorStats(
-        max=hi,
-        min=lo,
-        mean=total / finite_count,
-        norm=math.sqrt(sq_total),
-        nan_count=nan,
-        posinf_count=posinf,
-        neginf_count=neginf,
-        numel=numel,
-    )
+    return total, sq_total, lo, hi, nan, posinf, neginf
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,8 +172,8 @@ for _name, _fmt in {
         FLOAT_FORMATS[getattr(torch, _name)] = _fmt
 
 #: Relative-error thresholds behind ``thousandth_ratio`` and ``five_thousandth_ratio``.
-THOUSANDTH = 1e-3
-FIVE_THOUSANDTH = 5e-3
+THOUSANDTH = _kernels.THOUSANDTH
+FIVE_THOUSANDTH = _kernels.FIVE_THOUSANDTH
 
 #: Upper edges of the relative-error histogram buckets (by decade); a last bucket holds the rest.
 HISTOGRAM_EDGES: tuple[float, ...] = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -204,17 +216,67 @@ class ChunkErrors:
 Exceedance = tuple[torch.Tensor, float]
 
 
-class ElementRule:
-    """Per-element classification supplied by a standard.
+class Quantity(enum.IntEnum):
+    """Per-element quantities an :class:`ElementRule` can bound (codes shared with the
+    kernels)."""
 
-    ``exceedances`` returns (values, limit) pairs for a chunk; an element counts where its value
-    is above the limit. The first pair marks mismatches (elements outside the tolerance); any
-    further pairs are counters the standard interprets (tiers, guards). Values may live in
-    ``errors.scratch`` only for the last pair that uses it.
+    ABS_ERR = _kernels.ABS_ERR
+    REL_ERR = _kernels.REL_ERR
+    #: ``|a - e| / max(|e|, small_value)``: relative, but absolute for tiny expected values.
+    FLOORED_REL_ERR = _kernels.FLOORED_REL_ERR
+    ULP_ERR = _kernels.ULP_ERR
+    #: ``|a - e| - rtol * |e|``: above ``atol`` exactly where torch.isclose fails.
+    ALLCLOSE_EXCESS = _kernels.ALLCLOSE_EXCESS
+    #: 1 where the raw values differ (integers beyond 2 ** 53 do not survive float64).
+    DIFFERS = 5
+
+
+@dataclass(frozen=True)
+class ElementRule:
+    """Per-element classification supplied by a standard, as plain data.
+
+    An element counts for a limit where its quantity is above it. The first limit marks
+    mismatches (elements outside the tolerance); further limits are counters the standard
+    interprets (tiers, guards). ``small_value`` and ``rtol`` parametrize the floored relative
+    error and the allclose excess.
     """
 
-    def exceedances(self, errors: ChunkErrors) -> Sequence[Exceedance]:
-        raise NotImplementedError
+    limits: tuple[tuple[Quantity, float], ...]
+    small_value: float = 0.0
+    rtol: float = 0.0
+
+    def exceedances(self, errors: ChunkErrors) -> list[Exceedance]:
+        """The (values, limit) pairs of one chunk, computed by torch. A floored relative error
+        may live in ``errors.scratch``; so may an allclose excess, but not both."""
+        floored: torch.Tensor | None = None
+        tightest = min(
+            (limit for q, limit in self.limits if q == Quantity.FLOORED_REL_ERR), default=0.0
+        )
+        if errors.rel_max is not None and errors.rel_max <= tightest:
+            # The floored error never exceeds the plain relative error: when that is within
+            # every limit, it stands in for the floored one and no element counts.
+            floored = errors.rel_err
+        out: list[Exceedance] = []
+        for quantity, limit in self.limits:
+            if quantity == Quantity.FLOORED_REL_ERR:
+                if floored is None:
+                    floored = errors.scratch
+                    torch.clamp(errors.expected_abs, min=self.small_value, out=floored)
+                    torch.div(errors.abs_err, floored, out=floored)
+                values = floored
+            elif quantity == Quantity.ALLCLOSE_EXCESS:
+                values = torch.mul(errors.expected_abs, -self.rtol, out=errors.scratch)
+                values.add_(errors.abs_err)
+            elif quantity == Quantity.DIFFERS:
+                values = torch.ne(errors.raw_actual, errors.raw_expected).to(torch.uint8)
+            else:
+                values = {
+                    Quantity.ABS_ERR: errors.abs_err,
+                    Quantity.REL_ERR: errors.rel_err,
+                    Quantity.ULP_ERR: errors.ulp_err,
+                }[quantity]
+            out.append((values, limit))
+        return out
 
 
 @dataclass(frozen=True)
@@ -279,19 +341,20 @@ class ErrorMetrics:
         return self.mismatch_count / self.numel if self.numel else 0.0
 
 
-_EXPONENT_BITS = 0x7FF << 52
+def _ulp_bits(dtype: torch.dtype) -> tuple[int, int]:
+    """(offset, floor) of the ULP as float64 bit patterns: the ULP of x in ``dtype`` is
+    2 ** (exponent(x) - bits + 1), floored at the spacing of the subnormal range, which is a
+    shift of the exponent field. (Float64 ULPs are floored at 2 ** -1022, the smallest normal
+    float64.)"""
+    bits, emin = FLOAT_FORMATS.get(dtype, FLOAT_FORMATS[torch.float64])
+    return (bits - 1) << 52, max(emin + 1023 - (bits - 1), 1) << 52
 
 
 class _ChunkPass:
     """Float64 work buffers and the per-chunk error computation shared by every pass."""
 
     def __init__(self, dtype: torch.dtype, device: torch.device, chunk_numel: int) -> None:
-        bits, emin = FLOAT_FORMATS.get(dtype, FLOAT_FORMATS[torch.float64])
-        # The ULP of x in ``dtype`` is 2 ** (exponent(x) - bits + 1), floored at the spacing of
-        # the subnormal range; as float64 bit patterns that is a shift of the exponent field.
-        # (Float64 ULPs are floored at 2 ** -1022, the smallest normal float64.)
-        self._ulp_offset = (bits - 1) << 52
-        self._min_ulp_bits = max(emin + 1023 - (bits - 1), 1) << 52
+        self._ulp_offset, self._min_ulp_bits = _ulp_bits(dtype)
         f64 = {"dtype": torch.float64, "device": device}
         self._buffers = [torch.empty(chunk_numel, **f64) for _ in range(6)]
         self._ulp_bits = torch.empty(chunk_numel, dtype=torch.int64, device=device)
@@ -309,7 +372,7 @@ class _ChunkPass:
         torch.sub(a64, e64, out=diff).abs_()
         torch.abs(e64, out=e_abs)
         torch.div(diff, e_abs, out=rel).nan_to_num_(nan=0.0, posinf=math.inf)
-        torch.bitwise_and(e_abs.view(torch.int64), _EXPONENT_BITS, out=ulp_bits)
+        torch.bitwise_and(e_abs.view(torch.int64), _kernels.EXPONENT_BITS, out=ulp_bits)
         ulp_bits.sub_(self._ulp_offset).clamp_(min=self._min_ulp_bits)
         ulp = ulp_bits.view(torch.float64)
         torch.div(diff, ulp, out=ulp)
@@ -367,6 +430,22 @@ def _nonfinite_counts(t: torch.Tensor) -> list[torch.Tensor]:
     return [_count(torch.isnan(t)), _count(t == math.inf), _count(t == -math.inf)]
 
 
+@dataclass
+class _Totals:
+    """What a pass over two tensors accumulates, whichever implementation ran it."""
+
+    sums: list[float]  # a.e, a.a, e.e, d.d, sum |d|, sum rel, sum ulp
+    over_thousandth: int
+    over_five_thousandth: int
+    nonfinite: list[int]  # a: nan +inf -inf, e: nan +inf -inf, mismatched, either side
+    rule_counts: tuple[int, ...]
+    max_abs: float
+    max_abs_flat: int | None
+    max_rel: float
+    max_rel_flat: int | None
+    max_ulp: float
+
+
 def measure(
     actual: torch.Tensor,
     expected: torch.Tensor,
@@ -376,24 +455,116 @@ def measure(
 ) -> ErrorMetrics:
     """Compute :class:`ErrorMetrics` of two same-shape float tensors on the same device.
 
-    One streaming pass over flat chunks accumulates sums, maxima and counts as float64 device
-    scalars (a few scalar host syncs per chunk decide whether the rare paths are needed); a
-    second look at the single chunk holding each maximum recovers its index. Strided inputs
-    are copied once, in their own dtype; float8 chunks are widened to float32 (exactly).
+    CPU floats go through the fused kernels of :mod:`._kernels` where numba is installed;
+    everything else (and an explicit ``chunk_numel``) through the torch pipeline. Both read
+    the tensors once and then look again at the single block holding each maximum, for its
+    index.
     """
     dtype = lower_precision(actual.dtype, expected.dtype)
-    device = actual.device
-    if chunk_numel is None:
-        chunk_numel = CHUNK_NUMEL if device.type == "cpu" else 1 << 22
+    rule = rule or ElementRule(())
+    flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
+    kernel_rule = len(rule.limits) <= _kernels.RULE_SLOTS and Quantity.DIFFERS not in {
+        q for q, _ in rule.limits
+    }
+    if chunk_numel is None and kernel_rule and _kernels.accepts(actual, expected):
+        totals = _kernel_totals(flat_a, flat_e, dtype, rule)
+    else:
+        totals = _torch_totals(flat_a, flat_e, dtype, rule, chunk_numel)
     numel = actual.numel()
     shape = tuple(actual.shape)
-    flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
+    s, nf = totals.sums, totals.nonfinite
+    finite_count = numel - nf[7]
+    per_element = max(finite_count, 1)
+    rules = totals.rule_counts
+    return ErrorMetrics(
+        shape=shape,
+        numel=numel,
+        finite_count=finite_count,
+        actual_dtype=actual.dtype,
+        expected_dtype=expected.dtype,
+        dtype=dtype,
+        cosine=_cosine(s[0], s[1], s[2], s[3]),
+        max_abs_err=totals.max_abs,
+        max_abs_index=None if totals.max_abs_flat is None else _unravel(totals.max_abs_flat, shape),
+        max_rel_err=totals.max_rel,
+        max_rel_index=None if totals.max_rel_flat is None else _unravel(totals.max_rel_flat, shape),
+        mean_abs_err=s[4] / per_element,
+        mean_rel_err=s[5] / per_element,
+        rmse=math.sqrt(s[3] / per_element),
+        sqnr_db=_sqnr_db(s[2], s[3]),
+        thousandth_ratio=1.0 - totals.over_thousandth / per_element if finite_count else 1.0,
+        five_thousandth_ratio=(
+            1.0 - totals.over_five_thousandth / per_element if finite_count else 1.0
+        ),
+        max_ulp=totals.max_ulp,
+        mean_ulp=s[6] / per_element,
+        expected_rms=math.sqrt(s[2] / per_element),
+        actual_nonfinite=NonFinite(*nf[0:3]),
+        expected_nonfinite=NonFinite(*nf[3:6]),
+        nonfinite_mismatch_count=nf[6],
+        mismatch_count=(rules[0] if rules else 0) + nf[6],
+        rule_counts=rules,
+    )
+
+
+def _kernel_totals(
+    flat_a: torch.Tensor, flat_e: torch.Tensor, dtype: torch.dtype, rule: ElementRule
+) -> _Totals:
+    ulp_offset, min_ulp_bits = _ulp_bits(dtype)
+    found = _kernels.compare(
+        flat_a,
+        flat_e,
+        ulp_offset=ulp_offset,
+        min_ulp_bits=min_ulp_bits,
+        limits=[(int(q), limit) for q, limit in rule.limits],
+        small_value=rule.small_value,
+        rtol=rule.rtol,
+    )
+    acc, counts, locs = found.acc.tolist(), found.counts.tolist(), found.locs.tolist()
+    work = _ChunkPass(dtype, flat_a.device, _kernels.BLOCK_NUMEL)
+
+    def located(slot: int, loc: int, column: int) -> tuple[float, int | None]:
+        if locs[loc] < 0:  # no element finite on both sides
+            return 0.0, None
+        stop = locs[loc] + _kernels.BLOCK_NUMEL
+        return acc[slot], _first_index_of(acc[slot], column, flat_a, flat_e, locs[loc], stop, work)
+
+    max_abs, abs_flat = located(_kernels.MAX_ABS, _kernels.LOC_ABS, 0)
+    max_rel, rel_flat = located(_kernels.MAX_REL, _kernels.LOC_REL, 1)
+    return _Totals(
+        sums=acc[_kernels.SUMS],
+        over_thousandth=counts[_kernels.OVER_THOUSANDTH],
+        over_five_thousandth=counts[_kernels.OVER_FIVE_THOUSANDTH],
+        nonfinite=counts[_kernels.NONFINITE],
+        rule_counts=tuple(counts[_kernels.RULES_START :][: len(rule.limits)]),
+        max_abs=max_abs,
+        max_abs_flat=abs_flat,
+        max_rel=max_rel,
+        max_rel_flat=rel_flat,
+        max_ulp=max(acc[_kernels.MAX_ULP], 0.0),
+    )
+
+
+def _torch_totals(
+    flat_a: torch.Tensor,
+    flat_e: torch.Tensor,
+    dtype: torch.dtype,
+    rule: ElementRule,
+    chunk_numel: int | None,
+) -> _Totals:
+    """One streaming pass over flat chunks accumulates sums, maxima and counts as float64
+    device scalars (a few scalar host syncs per chunk decide whether the rare paths are
+    needed). Float8 chunks are widened to float32 (exactly)."""
+    device = flat_a.device
+    if chunk_numel is None:
+        chunk_numel = CHUNK_NUMEL if device.type == "cpu" else 1 << 22
+    numel = flat_a.numel()
     work = _ChunkPass(dtype, device, min(chunk_numel, max(numel, 1)))
     sums = torch.zeros(7, dtype=torch.float64, device=device)  # ae aa ee dd |d| rel ulp
     partial = torch.empty_like(sums)
-    counts = torch.zeros(3, dtype=torch.int64, device=device)  # >1e-3, >5e-3, union non-finite
-    nonfinite = torch.zeros(7, dtype=torch.int64, device=device)  # a: nan +inf -inf, e: ..., mism
-    rule_counts: torch.Tensor | None = None
+    counts = torch.zeros(2, dtype=torch.int64, device=device)  # >1e-3, >5e-3
+    nonfinite = torch.zeros(8, dtype=torch.int64, device=device)  # see _Totals.nonfinite
+    rule_counts = torch.zeros(len(rule.limits), dtype=torch.int64, device=device)
     # Accumulators are allocated up front: small tensors kept alive between the per-chunk
     # temporaries would fragment the heap and grow the resident memory chunk after chunk.
     num_chunks = -(-numel // chunk_numel)
@@ -409,9 +580,13 @@ def measure(
             not_finite = ~finite
             same = (a == e) | (torch.isnan(a) & torch.isnan(e))
             nonfinite += torch.stack(
-                [*_nonfinite_counts(a), *_nonfinite_counts(e), _count(not_finite & ~same)]
+                [
+                    *_nonfinite_counts(a),
+                    *_nonfinite_counts(e),
+                    _count(not_finite & ~same),
+                    _count(not_finite),
+                ]
             )
-            counts[2] += _count(not_finite)
             err = work.errors(a, e, finite)
             _chunk_sums(err, partial)
         sums += partial
@@ -420,56 +595,27 @@ def measure(
         torch.amax(err.ulp_err, dim=0, out=maxima[chunk, 2])
         err.rel_max = float(maxima[chunk, 1])
         if err.rel_max > THOUSANDTH:
-            counts[:2] += _count_exceedances(
+            counts += _count_exceedances(
                 [(err.rel_err, THOUSANDTH), (err.rel_err, FIVE_THOUSANDTH)],
                 {id(err.rel_err): err.rel_max},
             )
-        if rule is not None:
-            found = _count_exceedances(rule.exceedances(err), {id(err.rel_err): err.rel_max})
-            if rule_counts is None:
-                rule_counts = found.to(torch.int64)
-            else:
-                rule_counts += found
+        if rule.limits:
+            rule_counts += _count_exceedances(rule.exceedances(err), {id(err.rel_err): err.rel_max})
 
-    s = sums.tolist()
-    over_thousandth, over_five_thousandth, nonfinite_union = counts.tolist()
-    nf = nonfinite.tolist()
-    finite_count = numel - nonfinite_union
-    if rule is not None and rule_counts is None:  # no chunk at all: every counter is zero
-        empty = flat_a[:0]
-        rule_counts = torch.zeros(len(rule.exceedances(work.errors(empty, empty, None))))
-    rules = tuple(int(c) for c in rule_counts.tolist()) if rule_counts is not None else ()
-    max_abs, abs_index = _max_and_index(maxima, 0, flat_a, flat_e, shape, work, chunk_numel)
-    max_rel, rel_index = _max_and_index(maxima, 1, flat_a, flat_e, shape, work, chunk_numel)
-    max_ulp = float(maxima[:, 2].max()) if num_chunks else 0.0
-    per_element = max(finite_count, 1)
-    mismatches = (rules[0] if rules else 0) + nf[6]
-    return ErrorMetrics(
-        shape=shape,
-        numel=numel,
-        finite_count=finite_count,
-        actual_dtype=actual.dtype,
-        expected_dtype=expected.dtype,
-        dtype=dtype,
-        cosine=_cosine(s[0], s[1], s[2], s[3]),
-        max_abs_err=max_abs,
-        max_abs_index=abs_index,
-        max_rel_err=max_rel,
-        max_rel_index=rel_index,
-        mean_abs_err=s[4] / per_element,
-        mean_rel_err=s[5] / per_element,
-        rmse=math.sqrt(s[3] / per_element),
-        sqnr_db=_sqnr_db(s[2], s[3]),
-        thousandth_ratio=1.0 - over_thousandth / per_element if finite_count else 1.0,
-        five_thousandth_ratio=1.0 - over_five_thousandth / per_element if finite_count else 1.0,
-        max_ulp=max_ulp,
-        mean_ulp=s[6] / per_element,
-        expected_rms=math.sqrt(s[2] / per_element),
-        actual_nonfinite=NonFinite(*nf[0:3]),
-        expected_nonfinite=NonFinite(*nf[3:6]),
-        nonfinite_mismatch_count=nf[6],
-        mismatch_count=mismatches,
-        rule_counts=rules,
+    over_thousandth, over_five_thousandth = counts.tolist()
+    max_abs, abs_flat = _max_and_index(maxima, 0, flat_a, flat_e, work, chunk_numel)
+    max_rel, rel_flat = _max_and_index(maxima, 1, flat_a, flat_e, work, chunk_numel)
+    return _Totals(
+        sums=sums.tolist(),
+        over_thousandth=over_thousandth,
+        over_five_thousandth=over_five_thousandth,
+        nonfinite=nonfinite.tolist(),
+        rule_counts=tuple(rule_counts.tolist()),
+        max_abs=max_abs,
+        max_abs_flat=abs_flat,
+        max_rel=max_rel,
+        max_rel_flat=rel_flat,
+        max_ulp=float(maxima[:, 2].max()) if num_chunks else 0.0,
     )
 
 
@@ -478,19 +624,32 @@ def _max_and_index(
     column: int,
     flat_a: torch.Tensor,
     flat_e: torch.Tensor,
-    shape: tuple[int, ...],
     work: _ChunkPass,
     chunk_numel: int,
-) -> tuple[float, tuple[int, ...] | None]:
-    """The maximum of one per-element error and the first index, among the elements finite on
-    both sides, where it occurs."""
+) -> tuple[float, int | None]:
+    """The maximum of one per-element error over per-chunk maxima, and the first flat index,
+    among the elements finite on both sides, where it occurs."""
     if not maxima.numel():
         return 0.0, None
     values = maxima[:, column]
     best = float(values.max())
-    chunk = int(torch.nonzero(values == best)[0, 0])
-    start = chunk * chunk_numel
-    a, e = chunk_of(flat_a, start, chunk_numel), chunk_of(flat_e, start, chunk_numel)
+    start = int(torch.nonzero(values == best)[0, 0]) * chunk_numel
+    return best, _first_index_of(best, column, flat_a, flat_e, start, start + chunk_numel, work)
+
+
+def _first_index_of(
+    best: float,
+    column: int,
+    flat_a: torch.Tensor,
+    flat_e: torch.Tensor,
+    start: int,
+    stop: int,
+    work: _ChunkPass,
+) -> int | None:
+    """The first flat index in ``start:stop`` where the absolute (column 0) or relative
+    (column 1) error equals ``best``, among elements finite on both sides."""
+    a, e = flat_a[start:stop], flat_e[start:stop]
+    a, e = chunk_of(a, 0, a.numel()), chunk_of(e, 0, e.numel())
     finite = torch.isfinite(a) & torch.isfinite(e)
     all_finite = bool(finite.all())
     err = work.errors(a, e, None if all_finite else finite)
@@ -499,8 +658,8 @@ def _max_and_index(
         per_element = per_element.masked_fill(~finite, -1.0)
     found = torch.nonzero(per_element == best)
     if not found.numel():  # nothing finite at all
-        return best, None
-    return best, _unravel(start + int(found[0, 0]), shape)
+        return None
+    return start + int(found[0, 0])
 
 
 def _cosine(ae: float, aa: float, ee: float, dd: float) -> float:

@@ -8,7 +8,7 @@ standard, runs the pass and judges.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
@@ -17,11 +17,10 @@ import torch
 from ._errors import PrecisionInputError
 from ._metrics import (
     FLOAT_FORMATS,
-    ChunkErrors,
     ElementRule,
     ErrorMetrics,
-    Exceedance,
     NonFinite,
+    Quantity,
     lower_precision,
     measure,
 )
@@ -116,34 +115,6 @@ class Judgement:
     reason: str
 
 
-class _Thresholds(ElementRule):
-    """Limits on one of the chunk's error fields, or on the relative error floored at a small
-    value (``|a - e| / max(|e|, small_value)``)."""
-
-    def __init__(self, *limits: tuple[str, float], small_value: float = 0.0) -> None:
-        self._limits = limits
-        self._small_value = small_value
-
-    def exceedances(self, errors: ChunkErrors) -> Sequence[Exceedance]:
-        floored: torch.Tensor | None = None
-        tightest = min((limit for q, limit in self._limits if q == "floored_rel"), default=0.0)
-        if errors.rel_max is not None and errors.rel_max <= tightest:
-            # The floored error never exceeds the plain relative error: when that is within
-            # every limit, it stands in for the floored one and no element counts.
-            floored = errors.rel_err
-        out = []
-        for quantity, limit in self._limits:
-            if quantity != "floored_rel":
-                out.append((getattr(errors, quantity), limit))
-                continue
-            if floored is None:
-                floored = errors.scratch
-                torch.clamp(errors.expected_abs, min=self._small_value, out=floored)
-                torch.div(errors.abs_err, floored, out=floored)
-            out.append((floored, limit))
-        return out
-
-
 class Standard:
     """A pass/fail rule. Subclasses hold their tables as dataclass fields."""
 
@@ -202,7 +173,7 @@ class AllClose(Standard):
 
     def rule(self, dtype: torch.dtype) -> ElementRule:
         rtol, atol = self.tolerances(dtype)
-        return _AllCloseRule(rtol, atol)
+        return _allclose_rule(rtol, atol)
 
     def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
         rtol, atol = self.tolerances(comparison.dtype)
@@ -218,16 +189,10 @@ class AllClose(Standard):
         return Judgement("pass", f"all elements within atol={atol:g} + rtol={rtol:g} * |expected|")
 
 
-class _AllCloseRule(ElementRule):
+def _allclose_rule(rtol: float, atol: float) -> ElementRule:
     """``|a - e| - rtol * |e| > atol``: torch.isclose's test, rearranged so that the chunk's
     maximum doubles as the smallest atol that would pass."""
-
-    def __init__(self, rtol: float, atol: float) -> None:
-        self.rtol, self.atol = rtol, atol
-
-    def exceedances(self, errors: ChunkErrors) -> Sequence[Exceedance]:
-        excess = torch.mul(errors.expected_abs, -self.rtol, out=errors.scratch)
-        return [(excess.add_(errors.abs_err), self.atol)]
+    return ElementRule(((Quantity.ALLCLOSE_EXCESS, atol),), rtol=rtol)
 
 
 @dataclass(frozen=True)
@@ -246,10 +211,9 @@ class Ratio(Standard):
 
     def rule(self, dtype: torch.dtype) -> ElementRule:
         t = self.tier(dtype)
-        return _Thresholds(
-            ("floored_rel", t.pass_rtol),
-            ("floored_rel", t.warn_rtol),
-            ("floored_rel", t.guard_rtol),
+        floored = Quantity.FLOORED_REL_ERR
+        return ElementRule(
+            ((floored, t.pass_rtol), (floored, t.warn_rtol), (floored, t.guard_rtol)),
             small_value=t.small_value,
         )
 
@@ -300,7 +264,7 @@ class Ulp(Standard):
 
     def rule(self, dtype: torch.dtype) -> ElementRule:
         lim = self.limit(dtype)
-        return _Thresholds(("ulp_err", lim.element_ulp), ("ulp_err", lim.guard_ulp))
+        return ElementRule(((Quantity.ULP_ERR, lim.element_ulp), (Quantity.ULP_ERR, lim.guard_ulp)))
 
     def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
         bad = _nonfinite_failure(comparison)
@@ -351,7 +315,7 @@ class Reference(Standard):
 
     def rule(self, dtype: torch.dtype) -> ElementRule:
         rtol, atol = self.tolerances(dtype)
-        return _AllCloseRule(rtol, atol)
+        return _allclose_rule(rtol, atol)
 
     def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
         bad = _nonfinite_failure(comparison)
@@ -398,22 +362,17 @@ class Exact(Standard):
         return 0.0, 0.0
 
     def rule(self, dtype: torch.dtype) -> ElementRule:
-        return _ExactRule()
+        # Floats convert to float64 exactly and non-finite pairs are judged apart, so a nonzero
+        # float64 difference is a difference; integers beyond 2 ** 53 need the raw values.
+        if dtype.is_floating_point:
+            return ElementRule(((Quantity.ABS_ERR, 0.0),))
+        return ElementRule(((Quantity.DIFFERS, 0.0),))
 
     def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
         k = comparison.mismatch_count
         if k:
             return Judgement("fail", f"{k} element(s) differ (exact comparison)")
         return Judgement("pass", "all elements equal")
-
-
-class _ExactRule(ElementRule):
-    def exceedances(self, errors: ChunkErrors) -> Sequence[Exceedance]:
-        # Floats convert to float64 exactly and non-finite pairs are judged apart, so a nonzero
-        # float64 difference is a difference; integers beyond 2 ** 53 need the raw values.
-        if errors.raw_actual.is_floating_point():
-            return [(errors.abs_err, 0.0)]
-        return [(torch.ne(errors.raw_actual, errors.raw_expected).to(torch.uint8), 0.0)]
 
 
 STANDARDS: dict[str, type[Standard]] = {

@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e .
+.venv/bin/python -m pip install -q -e '.[fast]'
 .venv/bin/python examples/demo.py "$@"

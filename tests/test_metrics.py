@@ -14,6 +14,9 @@ from hypothesis.extra import numpy as hnp
 from pytest_precision import tensor_stats
 from pytest_precision._metrics import FLOAT_FORMATS, error_details, measure
 
+#: Every test runs on the torch pipeline and on the numba kernels.
+pytestmark = pytest.mark.usefixtures("metrics_backend")
+
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 

@@ -22,6 +22,9 @@ from pytest_precision import (
 )
 from pytest_precision._standards import ALLCLOSE_TOLERANCES
 
+#: Every test runs on the torch pipeline and on the numba kernels.
+pytestmark = pytest.mark.usefixtures("metrics_backend")
+
 GEN = torch.Generator().manual_seed(1234)
 
 

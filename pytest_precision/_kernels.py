@@ -1,0 +1,253 @@
+"""Fused CPU kernels (numba) for the float64 metrics and statistics passes.
+
+The torch pipeline in :mod:`._metrics` makes some twenty memory passes over float64 buffers per
+chunk; these kernels read each element once and keep every sum, maximum and count in registers.
+They are an optional accelerator: without numba (the ``fast`` extra) or off the CPU, the torch
+pipeline runs, and the tests hold both to the same float64 numpy oracle.
+
+Kernels are serial and release the GIL; :func:`run_chunks` spreads chunks over a thread pool as
+wide as ``torch.get_num_threads()``. Only float32 and float64 are compiled: narrower floats are
+widened to float32 (exactly) chunk by chunk, so extra memory stays a few chunk buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import itertools
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+#: Set to ``0`` to use the torch pipeline even where numba is installed.
+ENV_SWITCH = "PYTEST_PRECISION_KERNELS"
+
+#: Elements per kernel call: big enough to amortize a call, small enough that two float32
+#: conversion buffers stay in a core's L2 cache.
+CHUNK_NUMEL = 1 << 18
+#: Elements per block inside a call: the unit of the finiteness check and of max locations.
+BLOCK_NUMEL = 4096
+#: Below this many elements the work stays on the calling thread.
+PARALLEL_NUMEL = 1 << 21
+
+_KERNEL_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+#: Dtypes the kernels take after a chunk-wise exact widening to float32.
+_WIDENED_DTYPES = {torch.float16, torch.bfloat16} | {
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+}
+
+# Per-element quantities a rule may bound (``_metrics.Quantity`` takes its codes from here).
+ABS_ERR, REL_ERR, FLOORED_REL_ERR, ULP_ERR, ALLCLOSE_EXCESS = range(5)
+
+# Layout of the float64 accumulator of the comparison kernel.
+SUMS = slice(0, 7)  # a.e, a.a, e.e, d.d, sum |d|, sum rel, sum ulp
+MAX_ABS, MAX_REL, MAX_ULP = 7, 8, 9
+ACC_SIZE = 10
+# Layout of the int64 counters: two thousandth counts, non-finite counts, then rule counts.
+OVER_THOUSANDTH, OVER_FIVE_THOUSANDTH = 0, 1
+NONFINITE = slice(2, 10)  # a: nan +inf -inf, e: nan +inf -inf, mismatched, either side
+RULES_START = 10
+#: Limits a rule may have in the kernels (the standards use at most three).
+RULE_SLOTS = 4
+# Layout of the int64 max locations: the start of the first block holding each maximum.
+LOC_ABS, LOC_REL, LOC_ULP = 0, 1, 2
+
+EXPONENT_BITS = 0x7FF << 52
+THOUSANDTH, FIVE_THOUSANDTH = 1e-3, 5e-3
+
+
+@functools.cache
+def _numba_version() -> str | None:
+    try:
+        return importlib.metadata.version("numba")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def enabled() -> bool:
+    """Whether the kernels are installed and not switched off by :data:`ENV_SWITCH`."""
+    return _numba_version() is not None and os.environ.get(ENV_SWITCH, "1") != "0"
+
+
+def describe() -> str:
+    """One line for report headers: which implementation computes the CPU metrics."""
+    version = _numba_version()
+    if version is None:
+        return "torch (install pytest-precision[fast] for the numba kernels)"
+    if not enabled():
+        return f"torch ({ENV_SWITCH}=0; numba {version} installed)"
+    return f"numba {version} kernels"
+
+
+def _jit() -> Any:
+    """The compiled kernels, imported on first use (numba takes a while to import)."""
+    from . import _numba_kernels
+
+    return _numba_kernels
+
+
+def accepts(*tensors: torch.Tensor) -> bool:
+    """True if the kernels can take these tensors: CPU floats the kernels know."""
+    return enabled() and all(
+        t.device.type == "cpu" and (t.dtype in _KERNEL_DTYPES or t.dtype in _WIDENED_DTYPES)
+        for t in tensors
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Chunks as numpy arrays, widened where needed, spread over threads
+# --------------------------------------------------------------------------------------------
+
+_local = threading.local()
+
+
+def _kernel_view(chunk: torch.Tensor, slot: int) -> np.ndarray:
+    """``chunk`` as a numpy array the kernels take: a view for float32/64, else an exact
+    float32 copy in a buffer reused per thread and ``slot``."""
+    if chunk.dtype in _KERNEL_DTYPES:
+        return chunk.numpy()
+    buffers: dict[int, torch.Tensor] = _local.__dict__.setdefault("buffers", {})
+    buffer = buffers.get(slot)
+    if buffer is None or buffer.numel() < chunk.numel():
+        buffer = buffers[slot] = torch.empty(max(chunk.numel(), CHUNK_NUMEL))
+    return buffer[: chunk.numel()].copy_(chunk).numpy()
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_pool_pid = 0
+
+
+def _threads() -> ThreadPoolExecutor:
+    """The worker pool, rebuilt after a fork (a forked child inherits no threads)."""
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(
+                max_workers=max(torch.get_num_threads(), 1), thread_name_prefix="precision"
+            )
+            _pool_pid = os.getpid()
+        return _pool
+
+
+T = TypeVar("T")
+
+
+def run_chunks(numel: int, work: Callable[[int, int], T]) -> list[T]:
+    """Call ``work(start, stop)`` on contiguous chunk-aligned ranges covering ``numel``
+    elements, one range per thread, and return the results in range order."""
+    workers = max(min(torch.get_num_threads(), -(-numel // CHUNK_NUMEL)), 1)
+    if numel < PARALLEL_NUMEL or workers == 1:
+        return [work(0, numel)]
+    chunks = -(-numel // CHUNK_NUMEL)
+    bounds = [min(numel, (chunks * i // workers) * CHUNK_NUMEL) for i in range(workers + 1)]
+    pool = _threads()
+    futures = [pool.submit(work, lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
+    return [f.result() for f in futures]
+
+
+def chunk_ranges(start: int, stop: int) -> Iterator[tuple[int, int]]:
+    for lo in range(start, stop, CHUNK_NUMEL):
+        yield lo, min(lo + CHUNK_NUMEL, stop)
+
+
+# --------------------------------------------------------------------------------------------
+# Drivers
+# --------------------------------------------------------------------------------------------
+
+
+class CompareTotals:
+    """What the comparison kernel accumulated over a range of elements."""
+
+    def __init__(self) -> None:
+        self.acc = np.zeros(ACC_SIZE)
+        self.acc[[MAX_ABS, MAX_REL, MAX_ULP]] = -1.0  # no finite element seen yet
+        self.counts = np.zeros(RULES_START + RULE_SLOTS, dtype=np.int64)
+        self.locs = np.full(3, -1, dtype=np.int64)
+
+    def merge(self, later: CompareTotals) -> None:
+        """Fold in the totals of a later range (earlier ranges win ties of the maxima)."""
+        self.acc[SUMS] += later.acc[SUMS]
+        self.counts += later.counts
+        for slot, loc in ((MAX_ABS, LOC_ABS), (MAX_REL, LOC_REL), (MAX_ULP, LOC_ULP)):
+            if later.acc[slot] > self.acc[slot]:
+                self.acc[slot] = later.acc[slot]
+                self.locs[loc] = later.locs[loc]
+
+
+def compare(
+    flat_a: torch.Tensor,
+    flat_e: torch.Tensor,
+    *,
+    ulp_offset: int,
+    min_ulp_bits: int,
+    limits: Sequence[tuple[int, float]],
+    small_value: float,
+    rtol: float,
+) -> CompareTotals:
+    """Run the comparison kernel over two flat CPU tensors of the same length; ``limits``
+    are (quantity code, limit) pairs, at most :data:`RULE_SLOTS`."""
+    if len(limits) > RULE_SLOTS:
+        raise ValueError(f"the kernels take at most {RULE_SLOTS} limits, not {len(limits)}")
+    padding = [(ABS_ERR, math.inf)] * (RULE_SLOTS - len(limits))
+    kinds = np.array([kind for kind, _ in [*limits, *padding]], dtype=np.int64)
+    bounds = np.array([limit for _, limit in [*limits, *padding]], dtype=np.float64)
+    ulp = np.array([ulp_offset, min_ulp_bits], dtype=np.int64)
+    mantissa, _ = math.frexp(small_value)
+    inverse = 1.0 / small_value if mantissa == 0.5 else 0.0  # exact for powers of two only
+    params = np.array([small_value, rtol, inverse])
+    kernels = _jit()
+
+    def work(start: int, stop: int) -> CompareTotals:
+        totals = CompareTotals()
+        for lo, hi in chunk_ranges(start, stop):
+            a = _kernel_view(flat_a[lo:hi], 0)
+            e = _kernel_view(flat_e[lo:hi], 1)
+            kernels._compare_chunk(
+                a,
+                e,
+                BLOCK_NUMEL,
+                ulp,
+                params,
+                kinds,
+                bounds,
+                totals.acc,
+                totals.counts,
+                totals.locs,
+                lo,
+            )
+        return totals
+
+    parts = run_chunks(flat_a.numel(), work)
+    for later in parts[1:]:
+        parts[0].merge(later)
+    return parts[0]
+
+
+def stats(flat: torch.Tensor) -> tuple[float, float, float, float, int, int, int]:
+    """(sum, sum of squares, min, max) of the finite elements and (nan, +inf, -inf) counts."""
+
+    kernels = _jit()
+
+    def work(start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        acc = np.array([0.0, 0.0, math.inf, -math.inf])
+        counts = np.zeros(3, dtype=np.int64)
+        for lo, hi in chunk_ranges(start, stop):
+            kernels._stats_chunk(_kernel_view(flat[lo:hi], 0), BLOCK_NUMEL, acc, counts)
+        return acc, counts
+
+    parts = run_chunks(flat.numel(), work)
+    total = sum(float(acc[0]) for acc, _ in parts)
+    squares = sum(float(acc[1]) for acc, _ in parts)
+    lo = min(float(acc[2]) for acc, _ in parts)
+    hi = max(float(acc[3]) for acc, _ in parts)
+    nan, posinf, neginf = (int(sum(int(c[k]) for _, c in parts)) for k in range(3))
+    return total, squares, lo, hi, nan, posinf, neginf

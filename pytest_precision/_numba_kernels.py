@@ -1,0 +1,267 @@
+"""The numba kernels behind :mod:`._kernels` (imported on first use: numba is optional).
+
+Each kernel reads a chunk once, in blocks (``_kernels.BLOCK_NUMEL`` elements): a branch-free loop
+accumulates every sum and maximum of a block, assuming it finite; a block that proves otherwise
+is redone element by element with the non-finite values counted and left out. Counting
+elements above limits takes a second look at a block, only where its maxima say some element
+can count. Per-element values are computed exactly as the torch pipeline computes them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ._kernels import (
+    ABS_ERR,
+    EXPONENT_BITS,
+    FIVE_THOUSANDTH,
+    FLOORED_REL_ERR,
+    LOC_ABS,
+    LOC_REL,
+    LOC_ULP,
+    MAX_ABS,
+    MAX_REL,
+    MAX_ULP,
+    NONFINITE,
+    OVER_FIVE_THOUSANDTH,
+    OVER_THOUSANDTH,
+    REL_ERR,
+    RULES_START,
+    THOUSANDTH,
+    ULP_ERR,
+)
+
+
+@intrinsic
+def _bits_of(typingctx: Any, x: Any) -> Any:
+    """The IEEE bit pattern of a float64, as int64 (no conversion)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def _float_of(typingctx: Any, x: Any) -> Any:
+    """The float64 whose IEEE bit pattern is the int64 ``x``."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+# IEEE division (x / 0 is inf, not an exception) and only reassociation: sums vectorize, while
+# every per-element value (and NaN / inf handling) stays bit-for-bit what torch computes.
+_jit = numba.njit(nogil=True, cache=True, fastmath={"reassoc"}, error_model="numpy")
+
+
+@_jit
+def _inverse_ulp(e_abs, ulp):
+    # ulp(e) = 2 ** (exponent(e) - bits + 1), floored at the subnormal spacing; its inverse
+    # is again a power of two (exponent field 2046 - E), so d * inverse == d / ulp exactly.
+    ulp_bits = max((_bits_of(e_abs) & EXPONENT_BITS) - ulp[0], ulp[1])
+    return _float_of((2046 << 52) - ulp_bits)
+
+
+@_jit
+def _pick(kind, d, rel, floored, ulp_err, excess):
+    if kind == ABS_ERR:
+        return d
+    if kind == REL_ERR:
+        return rel
+    if kind == FLOORED_REL_ERR:
+        return floored
+    if kind == ULP_ERR:
+        return ulp_err
+    return excess  # ALLCLOSE_EXCESS
+
+
+@_jit
+def _compare_chunk(a, e, block, ulp, params, kinds, limits, acc, counts, locs, base):
+    """Accumulate one chunk into ``acc`` / ``counts`` / ``locs`` (layouts in ``_kernels``).
+
+    ``ulp`` holds the ULP's (offset, floor) bit patterns, ``params`` (small_value, rtol,
+    1 / small_value when that is a power of two else 0), ``kinds`` / ``limits`` the rule.
+    """
+    n = a.size
+    for lo in range(0, n, block):
+        hi = min(lo + block, n)
+        rtol = params[1]
+        ae = aa = ee = dd = sd = sr = su = 0.0
+        md = mr = mu = mc = 0.0
+        for i in range(lo, hi):
+            x = np.float64(a[i])
+            y = np.float64(e[i])
+            d = abs(x - y)
+            y_abs = abs(y)
+            ae += x * y
+            aa += x * x
+            ee += y * y
+            dd += d * d
+            sd += d
+            rel = d / y_abs if d != 0.0 else 0.0
+            sr += rel
+            mr = max(mr, rel)
+            u = d * _inverse_ulp(y_abs, ulp)
+            su += u
+            mu = max(mu, u)
+            md = max(md, d)
+            mc = max(mc, d - rtol * y_abs)
+        any_finite = True
+        if not math.isfinite(aa + ee):
+            any_finite, ae, aa, ee, dd, sd, sr, su, md, mr, mu, mc = _masked_block(
+                a, e, lo, hi, ulp, rtol, counts
+            )
+        acc[0] += ae
+        acc[1] += aa
+        acc[2] += ee
+        acc[3] += dd
+        acc[4] += sd
+        acc[5] += sr
+        acc[6] += su
+        if any_finite:
+            # Blocks arrive in order, so a strict ">" keeps the first block of each maximum.
+            if md > acc[MAX_ABS]:
+                acc[MAX_ABS] = md
+                locs[LOC_ABS] = base + lo
+            if mr > acc[MAX_REL]:
+                acc[MAX_REL] = mr
+                locs[LOC_REL] = base + lo
+            if mu > acc[MAX_ULP]:
+                acc[MAX_ULP] = mu
+                locs[LOC_ULP] = base + lo
+        # Counting looks at every element again: only where the maxima say one can count
+        # (the floored error is at most the relative one).
+        needed = mr > THOUSANDTH
+        for r in range(kinds.size):
+            needed = needed or _pick(kinds[r], md, mr, mr, mu, mc) > limits[r]
+        if needed:
+            _count_block(a, e, lo, hi, ulp, params, kinds, limits, counts)
+
+
+@_jit
+def _masked_block(a, e, lo, hi, ulp, rtol, counts):
+    """A block holding non-finite values: they are counted, then read as zero on both sides
+    (left out of every numeric metric), as in the torch pipeline."""
+    ae = aa = ee = dd = sd = sr = su = 0.0
+    md = mr = mu = mc = 0.0
+    any_finite = False
+    for i in range(lo, hi):
+        x = np.float64(a[i])
+        y = np.float64(e[i])
+        if not (math.isfinite(x) and math.isfinite(y)):
+            for side, v in ((0, x), (3, y)):
+                if math.isnan(v):
+                    counts[NONFINITE.start + side] += 1
+                elif v == math.inf:
+                    counts[NONFINITE.start + side + 1] += 1
+                elif v == -math.inf:
+                    counts[NONFINITE.start + side + 2] += 1
+            same = x == y or (math.isnan(x) and math.isnan(y))
+            counts[NONFINITE.start + 6] += not same
+            counts[NONFINITE.start + 7] += 1
+            continue
+        any_finite = True
+        d = abs(x - y)
+        y_abs = abs(y)
+        ae += x * y
+        aa += x * x
+        ee += y * y
+        dd += d * d
+        sd += d
+        rel = d / y_abs if d != 0.0 else 0.0
+        sr += rel
+        mr = max(mr, rel)
+        u = d * _inverse_ulp(y_abs, ulp)
+        su += u
+        mu = max(mu, u)
+        md = max(md, d)
+        mc = max(mc, d - rtol * y_abs)
+    return any_finite, ae, aa, ee, dd, sd, sr, su, md, mr, mu, mc
+
+
+@_jit
+def _count_block(a, e, lo, hi, ulp, params, kinds, limits, counts):
+    """Count elements above 1e-3 / 5e-3 relative error and above each rule limit (the rule
+    has ``RULE_SLOTS`` slots; unused ones have an infinite limit). Elements non-finite on
+    either side are read as zero, as in the torch pipeline."""
+    small, rtol, inv_small = params[0], params[1], params[2]
+    k0, k1, k2, k3 = kinds[0], kinds[1], kinds[2], kinds[3]
+    l0, l1, l2, l3 = limits[0], limits[1], limits[2], limits[3]
+    over_thousandth = over_five_thousandth = c0 = c1 = c2 = c3 = 0
+    for i in range(lo, hi):
+        x = np.float64(a[i])
+        y = np.float64(e[i])
+        finite = math.isfinite(x) and math.isfinite(y)
+        x = x if finite else 0.0
+        y = y if finite else 0.0
+        d = abs(x - y)
+        y_abs = abs(y)
+        rel = d / y_abs if d != 0.0 else 0.0
+        if y_abs >= small:
+            floored = rel
+        elif inv_small > 0.0:
+            floored = d * inv_small  # exact: 1 / small is a power of two
+        else:
+            floored = d / small
+        u = d * _inverse_ulp(y_abs, ulp)
+        excess = d - rtol * y_abs
+        over_thousandth += rel > THOUSANDTH
+        over_five_thousandth += rel > FIVE_THOUSANDTH
+        c0 += _pick(k0, d, rel, floored, u, excess) > l0
+        c1 += _pick(k1, d, rel, floored, u, excess) > l1
+        c2 += _pick(k2, d, rel, floored, u, excess) > l2
+        c3 += _pick(k3, d, rel, floored, u, excess) > l3
+    counts[OVER_THOUSANDTH] += over_thousandth
+    counts[OVER_FIVE_THOUSANDTH] += over_five_thousandth
+    counts[RULES_START] += c0
+    counts[RULES_START + 1] += c1
+    counts[RULES_START + 2] += c2
+    counts[RULES_START + 3] += c3
+
+
+@_jit
+def _stats_chunk(x, block, acc, counts):
+    """Sum, sum of squares, min and max of the finite elements; non-finite ones counted."""
+    n = x.size
+    for lo in range(0, n, block):
+        hi = min(lo + block, n)
+        total = squares = 0.0
+        lo_value = math.inf
+        hi_value = -math.inf
+        for i in range(lo, hi):
+            v = np.float64(x[i])
+            total += v
+            squares += v * v
+            lo_value = min(lo_value, v)
+            hi_value = max(hi_value, v)
+        if not math.isfinite(total):
+            total = squares = 0.0
+            lo_value = math.inf
+            hi_value = -math.inf
+            for i in range(lo, hi):
+                v = np.float64(x[i])
+                if math.isnan(v):
+                    counts[0] += 1
+                elif v == math.inf:
+                    counts[1] += 1
+                elif v == -math.inf:
+                    counts[2] += 1
+                else:
+                    total += v
+                    squares += v * v
+                    lo_value = min(lo_value, v)
+                    hi_value = max(hi_value, v)
+        acc[0] += total
+        acc[1] += squares
+        acc[2] = min(acc[2], lo_value)
+        acc[3] = max(acc[3], hi_value)

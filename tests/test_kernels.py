@@ -1,0 +1,265 @@
+"""The numba kernels compute what the torch pipeline computes, on every code path."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import fields
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from pytest_precision import _kernels, compare_tensors, tensor_stats
+from pytest_precision._metrics import ElementRule, ErrorMetrics, Quantity, measure
+from pytest_precision._standards import AllClose, Exact, Ratio, Ulp
+
+needs_numba = pytest.mark.skipif(
+    _kernels.describe().startswith("torch (install"), reason="numba is not installed"
+)
+
+#: (block, chunk, parallel threshold): small ones make small inputs cross every boundary.
+GEOMETRIES = [(4096, 1 << 18, 1 << 21), (4, 16, 32), (3, 9, 10), (1, 5, 5)]
+SUMS = {"cosine", "mean_abs_err", "mean_rel_err", "rmse", "sqnr_db", "mean_ulp", "expected_rms"}
+#: Bounded metrics near 0 are judged absolutely (as in test_metrics).
+ABSOLUTE = {"cosine": 1e-12, "sqnr_db": 1e-12}
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+RULES = {
+    "ratio": lambda dtype: Ratio().rule(dtype),
+    "allclose": lambda dtype: AllClose().rule(dtype),
+    "ulp": lambda dtype: Ulp().rule(dtype),
+    "exact": lambda dtype: Exact().rule(dtype),
+    "floored-not-power-of-two": lambda dtype: ElementRule(
+        ((Quantity.FLOORED_REL_ERR, 1e-3), (Quantity.REL_ERR, 1e-2), (Quantity.ABS_ERR, 0.5)),
+        small_value=3e-3,
+    ),
+}
+
+
+def _with_geometry(monkeypatch: pytest.MonkeyPatch, geometry: tuple[int, int, int]) -> None:
+    block, chunk, parallel = geometry
+    monkeypatch.setattr(_kernels, "BLOCK_NUMEL", block)
+    monkeypatch.setattr(_kernels, "CHUNK_NUMEL", chunk)
+    monkeypatch.setattr(_kernels, "PARALLEL_NUMEL", parallel)
+
+
+def _both(
+    monkeypatch: pytest.MonkeyPatch, run: object, geometry: tuple[int, int, int]
+) -> tuple[object, object]:
+    assert callable(run)
+    with monkeypatch.context() as mp:
+        mp.setenv(_kernels.ENV_SWITCH, "0")
+        slow = run()
+    with monkeypatch.context() as mp:
+        mp.setenv(_kernels.ENV_SWITCH, "1")
+        _with_geometry(mp, geometry)
+        fast = run()
+    return slow, fast
+
+
+def assert_same_metrics(fast: ErrorMetrics, slow: ErrorMetrics) -> None:
+    for f in fields(ErrorMetrics):
+        ours, theirs = getattr(fast, f.name), getattr(slow, f.name)
+        if f.name in SUMS and isinstance(theirs, float) and math.isfinite(theirs):
+            assert ours == pytest.approx(theirs, rel=1e-12, abs=ABSOLUTE.get(f.name, 1e-300)), (
+                f.name
+            )
+        elif isinstance(theirs, float) and math.isnan(theirs):
+            assert math.isnan(ours), f.name
+        else:
+            assert ours == theirs, f.name
+
+
+@st.composite
+def messy_pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairs of any two float dtypes, with zeros, tiny values, infinities and NaNs mixed in."""
+    a_dtype, e_dtype = draw(st.sampled_from(DTYPES)), draw(st.sampled_from(DTYPES))
+    n = draw(st.integers(0, 200))
+    special = st.sampled_from([0.0, -0.0, 1e-30, math.inf, -math.inf, math.nan, 1.0, 3e-3])
+    values = st.one_of(st.floats(-1e4, 1e4), special)
+    expected = draw(hnp.arrays(np.float64, n, elements=values))
+    if draw(st.booleans()):
+        noise = draw(hnp.arrays(np.float64, n, elements=st.floats(-0.02, 0.02)))
+        actual = expected * (1 + noise)
+        spots = draw(hnp.arrays(np.bool_, n))
+        actual = np.where(spots, draw(hnp.arrays(np.float64, n, elements=values)), actual)
+    else:
+        actual = draw(hnp.arrays(np.float64, n, elements=values))
+    return torch.from_numpy(actual).to(a_dtype), torch.from_numpy(expected).to(e_dtype)
+
+
+@needs_numba
+@settings(max_examples=150, deadline=None)
+@given(
+    messy_pairs(),
+    st.sampled_from(sorted(RULES)),
+    st.sampled_from(GEOMETRIES),
+)
+def test_kernels_match_the_torch_pipeline(
+    pair: tuple[torch.Tensor, torch.Tensor], rule_name: str, geometry: tuple[int, int, int]
+) -> None:
+    actual, expected = pair
+    dtype = actual.dtype if actual.element_size() <= expected.element_size() else expected.dtype
+    rule = RULES[rule_name](dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        slow, fast = _both(mp, lambda: measure(actual, expected, rule), geometry)
+    assert isinstance(slow, ErrorMetrics)
+    assert isinstance(fast, ErrorMetrics)
+    assert_same_metrics(fast, slow)
+
+
+@needs_numba
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(DTYPES),
+    hnp.arrays(
+        np.float64,
+        st.integers(0, 200),
+        elements=st.one_of(
+            st.floats(-1e30, 1e30), st.sampled_from([math.inf, -math.inf, math.nan, -0.0])
+        ),
+    ),
+    st.sampled_from(GEOMETRIES),
+)
+def test_statistics_kernel_matches_the_torch_pipeline(
+    dtype: torch.dtype, values: np.ndarray, geometry: tuple[int, int, int]
+) -> None:
+    t = torch.from_numpy(values).to(dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        slow, fast = _both(mp, lambda: tensor_stats(t), geometry)
+    for name in ("max", "min", "mean", "norm", "nan_count", "posinf_count", "neginf_count"):
+        ours, theirs = getattr(fast, name), getattr(slow, name)
+        if isinstance(theirs, float) and math.isnan(theirs):
+            assert math.isnan(ours), name
+        elif name in ("mean", "norm") and math.isfinite(theirs):
+            assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-300), name
+        else:
+            assert ours == theirs, name
+
+
+@needs_numba
+def test_the_maximum_is_located_at_its_first_occurrence_across_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    expected = torch.ones(1000)
+    actual = expected.clone()
+    actual[[37, 501, 998]] = 3.0  # three equal maxima, in different chunks and threads
+    _with_geometry(monkeypatch, (4, 16, 32))
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "1")
+    m = measure(actual, expected)
+    assert (m.max_abs_err, m.max_abs_index) == (2.0, (37,))
+    assert (m.max_rel_err, m.max_rel_index) == (2.0, (37,))
+
+
+@needs_numba
+def test_non_finite_blocks_are_counted_and_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "1")
+    expected = torch.tensor([1.0, math.nan, math.inf, 2.0, -math.inf, 0.0])
+    actual = torch.tensor([1.0, math.nan, -math.inf, 2.5, -math.inf, math.nan])
+    m = measure(actual, expected, Ratio().rule(torch.float32))
+    assert (m.actual_nonfinite.nan, m.actual_nonfinite.neginf) == (2, 2)
+    assert (m.expected_nonfinite.nan, m.expected_nonfinite.posinf) == (1, 1)
+    assert m.nonfinite_mismatch_count == 2  # inf vs -inf, and NaN vs 0
+    assert m.finite_count == 2
+    assert (m.max_abs_err, m.max_abs_index) == (0.5, (3,))
+
+
+@needs_numba
+def test_concurrent_callers_get_their_own_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "1")
+    _with_geometry(monkeypatch, (64, 256, 512))
+    gen = torch.Generator().manual_seed(0)
+    pairs = [(torch.randn(5000, generator=gen), torch.randn(5000, generator=gen)) for _ in range(8)]
+    alone = [compare_tensors(a, e).max_abs_err for a, e in pairs]
+    found: dict[int, float] = {}
+
+    def run(i: int) -> None:
+        for _ in range(5):
+            found[i] = compare_tensors(*pairs[i]).max_abs_err
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(pairs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [found[i] for i in range(len(pairs))] == alone
+
+
+@needs_numba
+def test_accepts_only_cpu_floats(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "1")
+    assert _kernels.accepts(torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16))
+    assert not _kernels.accepts(torch.zeros(2, dtype=torch.int64))
+    assert not _kernels.accepts(torch.zeros(2, device="meta"))
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "0")
+    assert not _kernels.accepts(torch.zeros(2))
+    assert _kernels.describe().startswith("torch (PYTEST_PRECISION_KERNELS=0")
+
+
+@needs_numba
+def test_the_switch_selects_the_implementation(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = _kernels.compare
+
+    def spy(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_kernels, "compare", spy)
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "0")
+    compare_tensors(torch.ones(3), torch.ones(3))
+    assert calls == []
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "1")
+    compare_tensors(torch.ones(3), torch.ones(3))
+    assert calls == [1]
+
+
+@needs_numba
+def test_a_forked_child_rebuilds_the_thread_pool() -> None:
+    # The parent starts the pool; a child forked afterwards has no worker threads and must
+    # not wait on the inherited (dead) pool.
+    script = """
+import os, sys, torch
+from pytest_precision import _kernels, compare_tensors
+_kernels.PARALLEL_NUMEL = 32
+_kernels.CHUNK_NUMEL = 16
+a = torch.arange(1000.0)
+first = compare_tensors(a, a + 1).max_abs_err
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if compare_tensors(a, a + 1).max_abs_err == first else 1)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    env = {**os.environ, _kernels.ENV_SWITCH: "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=120, check=False)
+    assert done.returncode == 0
+
+
+@needs_numba
+def test_limits_are_exclusive_and_divisions_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An element exactly at a limit does not count; and with a small value that is not a power
+    # of two, d / small must be a true division: d * (1 / small) rounds this d one ulp above.
+    d, small = 0.0008444177601983557, 1e-3
+    assert d * (1 / small) > d / small
+    floored = ElementRule(((Quantity.FLOORED_REL_ERR, d / small),), small_value=small)
+    at_limit = ElementRule(((Quantity.REL_ERR, 2.0**-7), (Quantity.ALLCLOSE_EXCESS, 0.0)))
+    zero, one = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    for switch in ("0", "1"):
+        monkeypatch.setenv(_kernels.ENV_SWITCH, switch)
+        assert measure(zero + d, zero, floored).rule_counts == (0,), switch
+        assert measure(one + 2.0**-7, one, at_limit).rule_counts == (0, 1), switch
+
+
+def test_without_numba_the_torch_pipeline_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kernels, "_numba_version", lambda: None)
+    monkeypatch.setattr(_kernels, "compare", None)  # would raise if it were called
+    assert not _kernels.enabled()
+    assert "install pytest-precision[fast]" in _kernels.describe()
+    assert compare_tensors(torch.ones(3), torch.ones(3) + 1e-9).verdict == "pass"

@@ -232,22 +232,47 @@ def compare(
     return parts[0]
 
 
+#: Integer views of the kernel dtypes, and the mask that turns their bits into ordered keys.
+_BITS = {np.float32: (np.int32, 0x7FFF_FFFF), np.float64: (np.int64, 0x7FFF_FFFF_FFFF_FFFF)}
+_INT64 = np.iinfo(np.int64)
+
+
+def _from_key(key: int, float_type: type[np.floating[Any]]) -> float:
+    int_type, mask = _BITS[float_type]
+    bits = key ^ (mask if key < 0 else 0)  # the key transform is its own inverse
+    return float(np.array([bits], dtype=int_type).view(float_type)[0])
+
+
 def stats(flat: torch.Tensor) -> tuple[float, float, float, float, int, int, int]:
-    """(sum, sum of squares, min, max) of the finite elements and (nan, +inf, -inf) counts."""
-
+    """(sum, sum of squares, min, max) of the finite elements and (nan, +inf, -inf) counts;
+    min and max are inf and -inf when no element is finite."""
     kernels = _jit()
+    float_type = _KERNEL_DTYPES.get(flat.dtype, np.float32)
+    int_type, mask = _BITS[float_type]
 
-    def work(start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        acc = np.array([0.0, 0.0, math.inf, -math.inf])
+    def work(start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        acc = np.zeros(2)
+        keys = np.array([_INT64.max, _INT64.min], dtype=np.int64)
         counts = np.zeros(3, dtype=np.int64)
         for lo, hi in chunk_ranges(start, stop):
-            kernels._stats_chunk(_kernel_view(flat[lo:hi], 0), BLOCK_NUMEL, acc, counts)
-        return acc, counts
+            x = _kernel_view(flat[lo:hi], 0)
+            kernels._stats_chunk(x, x.view(int_type), mask, BLOCK_NUMEL, acc, keys, counts)
+        return acc, keys, counts
 
     parts = run_chunks(flat.numel(), work)
-    total = sum(float(acc[0]) for acc, _ in parts)
-    squares = sum(float(acc[1]) for acc, _ in parts)
-    lo = min(float(acc[2]) for acc, _ in parts)
-    hi = max(float(acc[3]) for acc, _ in parts)
-    nan, posinf, neginf = (int(sum(int(c[k]) for _, c in parts)) for k in range(3))
-    return total, squares, lo, hi, nan, posinf, neginf
+    total = sum(float(acc[0]) for acc, _, _ in parts)
+    squares = sum(float(acc[1]) for acc, _, _ in parts)
+    low = min(int(keys[0]) for _, keys, _ in parts)
+    high = max(int(keys[1]) for _, keys, _ in parts)
+    nan, posinf, neginf = (sum(int(c[k]) for _, _, c in parts) for k in range(3))
+    if low > high:  # no finite element
+        return total, squares, math.inf, -math.inf, nan, posinf, neginf
+    return (
+        total,
+        squares,
+        _from_key(low, float_type),
+        _from_key(high, float_type),
+        nan,
+        posinf,
+        neginf,
+    )

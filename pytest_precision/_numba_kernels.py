@@ -230,24 +230,31 @@ def _count_block(a, e, lo, hi, ulp, params, kinds, limits, counts):
 
 
 @_jit
-def _stats_chunk(x, block, acc, counts):
-    """Sum, sum of squares, min and max of the finite elements; non-finite ones counted."""
+def _stats_chunk(x, bits, sign_mask, block, acc, keys, counts):
+    """Sum and sum of squares (float64) of the finite elements into ``acc``, their min and
+    max into ``keys`` as order-preserving integer keys of ``bits`` (``x`` viewed as integers;
+    ``sign_mask`` flips the magnitude bits of negative values), non-finite ones counted.
+
+    Integer keys keep the min / max exact and let them vectorize, which float min / max
+    (with their NaN rules) do not."""
     n = x.size
     for lo in range(0, n, block):
         hi = min(lo + block, n)
         total = squares = 0.0
-        lo_value = math.inf
-        hi_value = -math.inf
+        low = keys[0]
+        high = keys[1]
         for i in range(lo, hi):
             v = np.float64(x[i])
             total += v
             squares += v * v
-            lo_value = min(lo_value, v)
-            hi_value = max(hi_value, v)
+            b = np.int64(bits[i])
+            key = b ^ ((b >> 63) & sign_mask)
+            low = min(low, key)
+            high = max(high, key)
         if not math.isfinite(total):
             total = squares = 0.0
-            lo_value = math.inf
-            hi_value = -math.inf
+            low = keys[0]
+            high = keys[1]
             for i in range(lo, hi):
                 v = np.float64(x[i])
                 if math.isnan(v):
@@ -259,9 +266,11 @@ def _stats_chunk(x, block, acc, counts):
                 else:
                     total += v
                     squares += v * v
-                    lo_value = min(lo_value, v)
-                    hi_value = max(hi_value, v)
+                    b = np.int64(bits[i])
+                    key = b ^ ((b >> 63) & sign_mask)
+                    low = min(low, key)
+                    high = max(high, key)
         acc[0] += total
         acc[1] += squares
-        acc[2] = min(acc[2], lo_value)
-        acc[3] = max(acc[3], hi_value)
+        keys[0] = low
+        keys[1] = high

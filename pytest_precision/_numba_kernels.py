@@ -97,7 +97,9 @@ def _compare_chunk(a, e, block, ulp, params, kinds, limits, acc, counts, locs, b
         hi = min(lo + block, n)
         rtol = params[1]
         ae = aa = ee = dd = sd = sr = su = 0.0
-        md = mr = mu = mc = 0.0
+        # Maxima of values >= 0 as the maxima of their bit patterns (the same order), which
+        # vectorize where float max (with its NaN rules) does not; the excess is floored at 0.
+        kd = kr = ku = kc = 0
         for i in range(lo, hi):
             x = np.float64(a[i])
             y = np.float64(e[i])
@@ -110,12 +112,13 @@ def _compare_chunk(a, e, block, ulp, params, kinds, limits, acc, counts, locs, b
             sd += d
             rel = d / y_abs if d != 0.0 else 0.0
             sr += rel
-            mr = max(mr, rel)
+            kr = max(kr, _bits_of(rel))
             u = d * _inverse_ulp(y_abs, ulp)
             su += u
-            mu = max(mu, u)
-            md = max(md, d)
-            mc = max(mc, d - rtol * y_abs)
+            ku = max(ku, _bits_of(u))
+            kd = max(kd, _bits_of(d))
+            kc = max(kc, _bits_of(d - rtol * y_abs))
+        md, mr, mu, mc = _float_of(kd), _float_of(kr), _float_of(ku), _float_of(kc)
         any_finite = True
         if not math.isfinite(aa + ee):
             any_finite, ae, aa, ee, dd, sd, sr, su, md, mr, mu, mc = _masked_block(

@@ -57,11 +57,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [f"precision: session seed {config.getoption('precision_seed')}"]
-    if "torch" in sys.modules:
+    if "torch" in sys.modules or _configured(config):
         lines += _device_lines()
     else:  # probing devices imports torch: wait until collection shows the run uses it
         config.stash[_devices_pending] = True
     return lines
+
+
+def _configured(config: pytest.Config) -> bool:
+    """Whether options or ini switch on a feature that needs torch (xdist's controller never
+    collects, so this is what tells it the run uses torch)."""
+    goldens = config.pluginmanager.get_plugin(_golden_plugin.PLUGIN_NAME)
+    return (
+        config.getoption("precision_seed") != DEFAULT_SEED
+        or config.getini("precision_autoseed")
+        or getattr(goldens, "golden_dir", None) is not None
+    )
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:

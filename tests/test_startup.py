@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import pytest_precision
+from pytest_precision import plugin
 
 HEAVY = ("torch", "numpy", "safetensors")
 
@@ -49,8 +50,7 @@ def test_importing_the_package_or_the_plugin_imports_no_torch() -> None:
 
 
 def test_a_public_name_imports_what_it_needs() -> None:
-    assert "torch" in _python("from pytest_precision import assert_close")
-    assert "torch" in _python("import pytest_precision; pytest_precision.seed_all")
+    assert "torch" in _python("import pytest_precision; pytest_precision.assert_close")
 
 
 @pytest.mark.parametrize("args", [[], ["-n", "2"]], ids=["serial", "xdist"])
@@ -110,18 +110,31 @@ def test_a_run_that_imports_torch_first_gets_the_devices_in_the_header(
     assert "torch" in _imported(pytester)[0]
 
 
-@pytest.mark.parametrize(
-    "args",
-    [["--precision-seed", "7"], ["-o", "precision_autoseed=true"], ["--golden-dir", "g"]],
-    ids=["seed", "autoseed", "golden-dir"],
-)
 def test_a_run_configuring_a_torch_feature_gets_the_devices_in_the_header(
-    pytester: pytest.Pytester, args: list[str]
+    pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile("def test_addition():\n    assert 1 + 1 == 2\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--precision-seed", "7")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["precision device cpu: * (torch *)", "collected 1 item"])
+
+
+@pytest.mark.parametrize(
+    ("args", "configured"),
+    [
+        ([], False),
+        (["--precision-seed", "1234"], False),
+        (["--precision-seed", "7"], True),
+        (["-o", "precision_autoseed=true"], True),
+        (["--golden-dir", "g"], True),
+        (["-o", "golden_dir=g"], True),
+    ],
+)
+def test_which_options_need_torch_at_header_time(
+    pytester: pytest.Pytester, args: list[str], configured: bool
+) -> None:
+    config = pytester.parseconfigure(*args)
+    assert plugin._configured(config) is configured
 
 
 def test_lazy_names_are_the_type_checking_imports() -> None:

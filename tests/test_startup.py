@@ -68,45 +68,39 @@ def test_a_run_that_does_not_use_the_plugin_imports_no_torch(
     assert imported == [[]] * len(imported)
 
 
-def test_a_test_that_seeds_imports_torch_and_reports_the_devices(
-    pytester: pytest.Pytester,
-) -> None:
-    pytester.makeconftest(RECORD_IMPORTS)
-    pytester.makepyfile(
-        """
-        import random
+SEEDED_TEST = """
+import random
 
-        def test_seeded(seeded):
-            assert random.random() == __import__("random").Random(seeded.seed).random()
-        """
-    )
+def test_seeded(seeded):
+    assert random.random() == random.Random(seeded.seed).random()
+"""
+ASSERT_CLOSE_TEST = """
+import torch
+from pytest_precision import assert_close
+
+def test_close():
+    assert_close(torch.ones(3), torch.ones(3))
+"""
+DEVICE_LINE = "precision device cpu: * (torch *)"
+
+
+@pytest.mark.parametrize(
+    ("conftest", "test", "lines"),
+    [
+        # torch not imported at header time: the device lines wait for collection to need it
+        ("", SEEDED_TEST, ["collected 1 item", DEVICE_LINE]),
+        ("import torch\n", ASSERT_CLOSE_TEST, [DEVICE_LINE, "collected 1 item"]),
+    ],
+    ids=["seeded-fixture", "conftest-imports-torch"],
+)
+def test_a_run_using_the_plugin_imports_torch_and_reports_the_devices(
+    pytester: pytest.Pytester, conftest: str, test: str, lines: list[str]
+) -> None:
+    pytester.makeconftest(conftest + RECORD_IMPORTS)
+    pytester.makepyfile(test)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    # the device lines need torch, so they come once collection shows the run uses it
-    result.stdout.fnmatch_lines(
-        ["precision: session seed 1234", "collected 1 item", "precision device cpu: * (torch *)"]
-    )
-    assert "torch" in _imported(pytester)[0]
-
-
-def test_a_run_that_imports_torch_first_gets_the_devices_in_the_header(
-    pytester: pytest.Pytester,
-) -> None:
-    pytester.makeconftest("import torch\n" + RECORD_IMPORTS)
-    pytester.makepyfile(
-        """
-        import torch
-        from pytest_precision import assert_close
-
-        def test_close():
-            assert_close(torch.ones(3), torch.ones(3))
-        """
-    )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(
-        ["precision: session seed 1234", "precision device cpu: * (torch *)", "collected 1 item"]
-    )
+    result.stdout.fnmatch_lines(["precision: session seed 1234", *lines])
     assert "torch" in _imported(pytester)[0]
 
 
@@ -116,7 +110,7 @@ def test_a_run_configuring_a_torch_feature_gets_the_devices_in_the_header(
     pytester.makepyfile("def test_addition():\n    assert 1 + 1 == 2\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--precision-seed", "7")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["precision device cpu: * (torch *)", "collected 1 item"])
+    result.stdout.fnmatch_lines([DEVICE_LINE, "collected 1 item"])
 
 
 @pytest.mark.parametrize(

@@ -1,31 +1,38 @@
 """pytest-precision: is this numerical difference noise or a bug, and where did it start?
 
-This module is the whole public surface; everything else lives in private modules.
+This module is the whole public surface; everything else lives in private modules. Names are
+imported on first use (PEP 562), so ``import pytest_precision`` (which the pytest plugin does
+in every run) does not import torch.
 """
 
 from __future__ import annotations
 
-from ._assertions import Comparison, assert_close
-from ._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
-from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
-from ._golden import Golden, assert_close_to_golden
-from ._metrics import TensorStats, tensor_stats
-from ._standards import (
-    AllClose,
-    Exact,
-    Ratio,
-    RatioTier,
-    Reference,
-    ReferenceLimit,
-    Standard,
-    TensorComparison,
-    Ulp,
-    UlpLimit,
-    compare_tensors,
-    default_standard,
-)
+import importlib
+import typing
+
 from ._version import __version__
-from .dump import Dump, Record, capture, load_dump
+
+if typing.TYPE_CHECKING:
+    from ._assertions import Comparison, assert_close
+    from ._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
+    from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
+    from ._golden import Golden, assert_close_to_golden
+    from ._metrics import TensorStats, tensor_stats
+    from ._standards import (
+        AllClose,
+        Exact,
+        Ratio,
+        RatioTier,
+        Reference,
+        ReferenceLimit,
+        Standard,
+        TensorComparison,
+        Ulp,
+        UlpLimit,
+        compare_tensors,
+        default_standard,
+    )
+    from .dump import Dump, Record, capture, load_dump
 
 __all__ = [
     "AllClose",
@@ -60,3 +67,41 @@ __all__ = [
     "seed_all",
     "tensor_stats",
 ]
+
+#: Where each lazily imported public name lives (the TYPE_CHECKING imports above, as data).
+_MODULES = {
+    "._assertions": ("Comparison", "assert_close"),
+    "._determinism": ("DeterminismWarning", "SeedHandle", "assert_deterministic", "seed_all"),
+    "._errors": ("DumpFormatError", "PrecisionError", "PrecisionInputError", "PrecisionWarning"),
+    "._golden": ("Golden", "assert_close_to_golden"),
+    "._metrics": ("TensorStats", "tensor_stats"),
+    "._standards": (
+        "AllClose",
+        "Exact",
+        "Ratio",
+        "RatioTier",
+        "Reference",
+        "ReferenceLimit",
+        "Standard",
+        "TensorComparison",
+        "Ulp",
+        "UlpLimit",
+        "compare_tensors",
+        "default_standard",
+    ),
+    ".dump": ("Dump", "Record", "capture", "load_dump"),
+}
+_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> typing.Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

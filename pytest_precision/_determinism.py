@@ -26,8 +26,7 @@ import torch.nn.functional as F
 from ._devices import available_devices, backends
 from ._errors import PrecisionInputError
 from ._nested import flatten
-
-DEFAULT_SEED = 1234
+from ._seeds import DEFAULT_SEED
 
 #: ``torch.nn.functional`` functions that randomly drop elements; ``nn.Dropout`` and friends call
 #: them through the module attribute, so replacing the attribute covers the module forms too.
@@ -131,16 +130,6 @@ def seed_all(
     with _ACTIVE_LOCK:
         _ACTIVE.append(handle)
     return handle
-
-
-def derive_seed(session_seed: int, name: str) -> int:
-    """A seed for ``name`` (a test's node id) that depends only on the two arguments.
-
-    A cryptographic digest, not ``hash()``: string hashing is salted per process, and the value
-    must be the same in every xdist worker and in every run.
-    """
-    digest = hashlib.sha256(f"{session_seed}\0{name}".encode()).digest()
-    return int.from_bytes(digest[:4], "big")
 
 
 def _seed_generators(undo: ExitStack, seed: int) -> None:

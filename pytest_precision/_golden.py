@@ -23,19 +23,17 @@ import torch
 from ._assertions import Comparison, ItemComparison, compare, to_tensor
 from ._devices import flat_fingerprint
 from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
+from ._golden_active import active_factory
 from ._golden_files import (
-    MARKER,
     Entry,
     GoldenFile,
     NewerSchemaError,
     check_distinct_keys,
     flatten,
-    golden_relpath,
-    is_golden_dir,
-    mark_golden_dir,
     read_golden,
     write_golden,
 )
+from ._golden_layout import MARKER, golden_relpath, is_golden_dir, mark_golden_dir
 from ._nested import iter_leaf_pairs
 from ._standards import (
     STANDARDS,
@@ -47,14 +45,7 @@ from ._standards import (
 )
 from .dump import Dump, Record
 
-#: A record's status: a comparison verdict, or what happened instead of a comparison.
-STATUSES = ("error", "missing", "fail", "warn", "rewritten", "recorded", "pass")
-UPDATED = ("recorded", "rewritten")
 _AUTO_NAME = "#"
-
-#: Factories of the running tests' goldens, innermost last (pytester nests runs). A plain list,
-#: not a ContextVar, so threads started by a test see its golden too.
-_ACTIVE: list[Callable[[], Golden] | None] = []
 
 
 @dataclass(frozen=True)
@@ -647,21 +638,10 @@ def record_command(test_id: str, golden_dir: Path, invocation_dir: Path) -> str:
 # --- the active golden ---------------------------------------------------------------------------
 
 
-def activate(factory: Callable[[], Golden] | None) -> int:
-    """Make ``factory`` build the golden used by :func:`assert_close_to_golden`; returns a token
-    for :func:`deactivate`."""
-    _ACTIVE.append(factory)
-    return len(_ACTIVE) - 1
-
-
-def deactivate(token: int) -> None:
-    del _ACTIVE[token:]
-
-
 def current_golden() -> Golden:
     """The running test's :class:`Golden` (the pytest plugin activates one per test)."""
     __tracebackhide__ = True
-    factory = _ACTIVE[-1] if _ACTIVE else None
+    factory = active_factory()
     if factory is None:
         raise PrecisionError(
             "assert_close_to_golden() runs inside a pytest test with the pytest-precision "

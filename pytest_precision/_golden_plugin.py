@@ -14,24 +14,13 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ._errors import PrecisionError, PrecisionInputError
-from ._golden import (
-    STATUSES,
-    UPDATED,
-    Golden,
-    GoldenSource,
-    Tolerance,
-    activate,
-    deactivate,
-    open_golden_source,
-    parse_tolerances,
-    record_command,
-)
-from ._golden_files import (
+from ._golden_active import STATUSES, UPDATED, activate, deactivate
+from ._golden_layout import (
     MARKER,
     SCHEMA_VERSION,
     SUFFIX,
@@ -43,6 +32,11 @@ from ._golden_files import (
     list_stale_temps,
     mark_golden_dir,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._golden import Golden, GoldenSource, Tolerance
 
 #: Name prefix of the user properties carrying golden records (one per comparison).
 PROPERTY_PREFIX = "precision.golden"
@@ -93,10 +87,7 @@ class GoldenPlugin:
         self.prune: bool = config.getoption("golden_prune")
         report = config.getoption("precision_report")
         self.report_path = None if report is None else self.invocation_dir / report
-        try:
-            self.dtype_tolerances = parse_tolerances(config.getini("precision_tolerances"))
-        except PrecisionInputError as exc:
-            raise pytest.UsageError(str(exc)) from None
+        self.dtype_tolerances = _dtype_tolerances(config)
         if (self.update or self.prune) and self.golden_dir is None:
             raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
         if self.update and not is_golden_dir(self.golden_dir):
@@ -183,6 +174,8 @@ class GoldenPlugin:
 
     def _golden_for(self, item: pytest.Item) -> Golden:
         __tracebackhide__ = True
+        from ._golden import Golden, open_golden_source, record_command
+
         if self.golden_dir is None:
             raise PrecisionError(
                 "no golden directory: pass --golden-dir DIR or set golden_dir in the ini file"
@@ -384,12 +377,28 @@ class GoldenPlugin:
             tr.write_line(f"precision report written to {self.report_path}")
 
 
-_built_key = pytest.StashKey[list[Golden]]()
+_built_key = pytest.StashKey[list["Golden"]]()
 _token_key = pytest.StashKey[int]()
 _call_passed_key = pytest.StashKey[bool]()
 
 
+def _dtype_tolerances(config: pytest.Config) -> dict[torch.dtype, Tolerance]:
+    """The ini ``precision_tolerances``, checked at startup; torch is imported only to read
+    lines that are there."""
+    lines = config.getini("precision_tolerances")
+    if not lines:
+        return {}
+    from ._golden import parse_tolerances
+
+    try:
+        return parse_tolerances(lines)
+    except PrecisionInputError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
 def _marker_tolerance(item: pytest.Item) -> Tolerance:
+    from ._golden import Tolerance
+
     marker = item.get_closest_marker("precision")
     if marker is None:
         return Tolerance()

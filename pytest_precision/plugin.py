@@ -1,18 +1,29 @@
 """The pytest plugin: options, markers, fixtures and reports wired to the library.
 
-Hooks appear in pytest's lifecycle order.
+Hooks appear in pytest's lifecycle order. Torch is imported only by a fixture that needs it,
+or by the report of devices once the run has torch anyway: having the plugin installed costs a
+project that never uses it no torch import ("Startup cost" in docs/architecture.md).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from . import _golden_plugin
-from ._determinism import DEFAULT_SEED, SeedHandle, derive_seed, seed_all
-from ._devices import backends
-from ._golden import Golden, current_golden
+from ._seeds import DEFAULT_SEED, derive_seed
+
+if TYPE_CHECKING:
+    from ._determinism import SeedHandle
+    from ._golden import Golden
+
+#: The fixtures that need torch: a run collecting a test that requests one reports the devices.
+_TORCH_FIXTURES = frozenset({"seeded", "deterministic", "golden"})
+#: Set when the header left the device lines to the end of collection.
+_devices_pending = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -46,6 +57,37 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [f"precision: session seed {config.getoption('precision_seed')}"]
+    if "torch" in sys.modules or _configured(config):
+        lines += _device_lines()
+    else:  # probing devices imports torch: wait until collection shows the run uses it
+        config.stash[_devices_pending] = True
+    return lines
+
+
+def _configured(config: pytest.Config) -> bool:
+    """Whether options or ini switch on a feature that needs torch (xdist's controller never
+    collects, so this is what tells it the run uses torch)."""
+    goldens = config.pluginmanager.get_plugin(_golden_plugin.PLUGIN_NAME)
+    return (
+        config.getoption("precision_seed") != DEFAULT_SEED
+        or config.getini("precision_autoseed")
+        or getattr(goldens, "golden_dir", None) is not None
+    )
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    if not config.stash.get(_devices_pending, False):
+        return []
+    in_use = "torch" in sys.modules or any(
+        _TORCH_FIXTURES.intersection(getattr(item, "fixturenames", ())) for item in items
+    )
+    return _device_lines() if in_use else []
+
+
+def _device_lines() -> list[str]:
+    from ._devices import backends
+
+    lines: list[str] = []
     for backend in backends():
         available, reason = backend.is_available()
         if available:
@@ -72,6 +114,8 @@ def seeded(request: pytest.FixtureRequest) -> Iterator[SeedHandle]:
     The seed derives from ``--precision-seed`` and the test's node id only, so it is the same
     in any order and under xdist. Everything is restored after the test.
     """
+    from ._determinism import seed_all
+
     with seed_all(_test_seed(request), deterministic=False) as handle:
         yield handle
 
@@ -79,6 +123,8 @@ def seeded(request: pytest.FixtureRequest) -> Iterator[SeedHandle]:
 @pytest.fixture
 def deterministic(request: pytest.FixtureRequest) -> Iterator[SeedHandle]:
     """Like ``seeded``, plus deterministic algorithms and the determinism env vars."""
+    from ._determinism import seed_all
+
     with seed_all(_test_seed(request), deterministic=True) as handle:
         yield handle
 
@@ -96,4 +142,6 @@ def golden() -> Golden:
     """This test's goldens: ``golden(value, name=None, *, standard, rtol, atol)`` compares,
     ``golden.load(name)`` reads a stored value."""
     __tracebackhide__ = True
+    from ._golden import current_golden
+
     return current_golden()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 from typing import Any
@@ -96,5 +97,8 @@ def install_fake_npu(
 
 def install_fake_cuda(monkeypatch: pytest.MonkeyPatch, cuda: FakeAccelerator) -> None:
     """Make this CPU-only torch look like a CUDA build whose ``torch.cuda`` is ``cuda``."""
+    # torch.use_deterministic_algorithms imports torch._inductor on its first call, and that
+    # import reads torch.cuda: import it while torch.cuda is the real one.
+    importlib.import_module("torch._inductor")
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setattr(torch, "cuda", cuda)

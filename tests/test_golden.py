@@ -20,8 +20,10 @@ from pytest_precision import (
     _golden,
     assert_close_to_golden,
 )
-from pytest_precision._golden import Tolerance, activate, deactivate, parse_tolerances
-from pytest_precision._golden_files import MARKER, read_golden
+from pytest_precision._golden import Tolerance, parse_tolerances
+from pytest_precision._golden_active import activate, deactivate
+from pytest_precision._golden_files import read_golden
+from pytest_precision._golden_layout import MARKER
 
 TEST_ID = "tests/test_model.py::test_layer[bf16]"
 

@@ -16,18 +16,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_precision import DumpFormatError, PrecisionInputError
-from pytest_precision._golden_files import (
+from pytest_precision._golden_files import NewerSchemaError, flatten, read_golden, write_golden
+from pytest_precision._golden_layout import (
     SCHEMA_VERSION,
-    NewerSchemaError,
     atomic_write,
-    flatten,
     golden_relpath,
     golden_scope,
     is_golden_dir,
     list_goldens,
     list_stale_temps,
-    read_golden,
-    write_golden,
 )
 
 

@@ -86,8 +86,9 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
 
 def _device_lines() -> list[str]:
     from ._devices import backends
+    from ._kernels import describe
 
-    lines: list[str] = []
+    lines = [f"precision metrics on cpu: {describe()}"]
     for backend in backends():
         available, reason = backend.is_available()
         if available:

@@ -102,6 +102,7 @@ def test_report_header_shows_the_session_seed_and_devices(pytester: pytest.Pytes
     result.stdout.fnmatch_lines(
         [
             "precision: session seed 99",
+            "precision metrics on cpu: *",
             "precision device cpu: * (torch *)",
             "precision device cuda: *",
             "precision device npu: *",

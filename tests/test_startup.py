@@ -16,7 +16,7 @@ import pytest
 import pytest_precision
 from pytest_precision import plugin
 
-HEAVY = ("torch", "numpy", "safetensors")
+HEAVY = ("torch", "numpy", "safetensors", "numba")
 
 #: Writes, at the very end of each process of the run, which heavy modules it imported.
 RECORD_IMPORTS = f"""
@@ -63,6 +63,7 @@ def test_a_run_that_does_not_use_the_plugin_imports_no_torch(
     result.assert_outcomes(passed=1)
     assert "precision: session seed 1234" in result.stdout.lines
     assert not [line for line in result.stdout.lines if line.startswith("precision device")]
+    assert not [line for line in result.stdout.lines if line.startswith("precision metrics")]
     imported = _imported(pytester)
     assert len(imported) == 1 + (2 if args else 0)  # xdist: the controller and two workers
     assert imported == [[]] * len(imported)

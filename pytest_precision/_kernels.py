@@ -183,6 +183,13 @@ class CompareTotals:
                 self.locs[loc] = later.locs[loc]
 
 
+def fits(limits: int, small_value: float) -> bool:
+    """Whether the comparison kernel can evaluate a rule: at most :data:`RULE_SLOTS` limits,
+    and a small value whose inverse is exact (zero or a power of two, as in every table), so
+    that the floored error is a multiplication."""
+    return limits <= RULE_SLOTS and (small_value == 0.0 or math.frexp(small_value)[0] == 0.5)
+
+
 def compare(
     flat_a: torch.Tensor,
     flat_e: torch.Tensor,
@@ -194,15 +201,14 @@ def compare(
     rtol: float,
 ) -> CompareTotals:
     """Run the comparison kernel over two flat CPU tensors of the same length; ``limits``
-    are (quantity code, limit) pairs, at most :data:`RULE_SLOTS`."""
-    if len(limits) > RULE_SLOTS:
-        raise ValueError(f"the kernels take at most {RULE_SLOTS} limits, not {len(limits)}")
+    are (quantity code, limit) pairs, and the rule must :func:`fit <fits>`."""
+    if not fits(len(limits), small_value):
+        raise ValueError(f"the kernels cannot take {len(limits)} limits, small {small_value}")
     padding = [(ABS_ERR, math.inf)] * (RULE_SLOTS - len(limits))
     kinds = np.array([kind for kind, _ in [*limits, *padding]], dtype=np.int64)
     bounds = np.array([limit for _, limit in [*limits, *padding]], dtype=np.float64)
     ulp = np.array([ulp_offset, min_ulp_bits], dtype=np.int64)
-    mantissa, _ = math.frexp(small_value)
-    inverse = 1.0 / small_value if mantissa == 0.5 else 0.0  # exact for powers of two only
+    inverse = 1.0 / small_value if small_value else math.inf  # never used when 0
     params = np.array([small_value, rtol, inverse])
     kernels = _jit()
 

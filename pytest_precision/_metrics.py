@@ -463,9 +463,9 @@ def measure(
     dtype = lower_precision(actual.dtype, expected.dtype)
     rule = rule or ElementRule(())
     flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
-    kernel_rule = len(rule.limits) <= _kernels.RULE_SLOTS and Quantity.DIFFERS not in {
-        q for q, _ in rule.limits
-    }
+    kernel_rule = _kernels.fits(len(rule.limits), rule.small_value) and all(
+        q != Quantity.DIFFERS for q, _ in rule.limits
+    )
     if chunk_numel is None and kernel_rule and _kernels.accepts(actual, expected):
         totals = _kernel_totals(flat_a, flat_e, dtype, rule)
     else:

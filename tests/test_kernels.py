@@ -35,9 +35,14 @@ RULES = {
     "allclose": lambda dtype: AllClose().rule(dtype),
     "ulp": lambda dtype: Ulp().rule(dtype),
     "exact": lambda dtype: Exact().rule(dtype),
-    "floored-not-power-of-two": lambda dtype: ElementRule(
-        ((Quantity.FLOORED_REL_ERR, 1e-3), (Quantity.REL_ERR, 1e-2), (Quantity.ABS_ERR, 0.5)),
-        small_value=3e-3,
+    "mixed": lambda dtype: ElementRule(
+        (
+            (Quantity.FLOORED_REL_ERR, 1e-3),
+            (Quantity.REL_ERR, 1e-2),
+            (Quantity.ABS_ERR, 0.5),
+            (Quantity.ULP_ERR, 2.0),
+        ),
+        small_value=2.0**-9,
     ),
 }
 
@@ -243,18 +248,31 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 @needs_numba
-def test_limits_are_exclusive_and_divisions_exact(monkeypatch: pytest.MonkeyPatch) -> None:
-    # An element exactly at a limit does not count; and with a small value that is not a power
-    # of two, d / small must be a true division: d * (1 / small) rounds this d one ulp above.
+def test_limits_are_exclusive(monkeypatch: pytest.MonkeyPatch) -> None:
+    at_limit = ElementRule(((Quantity.REL_ERR, 2.0**-7), (Quantity.ALLCLOSE_EXCESS, 0.0)))
+    one = torch.ones(1, dtype=torch.float64)
+    for switch in ("0", "1"):
+        monkeypatch.setenv(_kernels.ENV_SWITCH, switch)
+        assert measure(one + 2.0**-7, one, at_limit).rule_counts == (0, 1), switch
+
+
+@needs_numba
+def test_a_small_value_without_exact_inverse_takes_the_torch_pipeline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # d * (1 / small) rounds this d one ulp above d / small: only a true division counts it
+    # right, so the kernels (which multiply) must not take such a rule.
     d, small = 0.0008444177601983557, 1e-3
     assert d * (1 / small) > d / small
     floored = ElementRule(((Quantity.FLOORED_REL_ERR, d / small),), small_value=small)
-    at_limit = ElementRule(((Quantity.REL_ERR, 2.0**-7), (Quantity.ALLCLOSE_EXCESS, 0.0)))
-    zero, one = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
-    for switch in ("0", "1"):
-        monkeypatch.setenv(_kernels.ENV_SWITCH, switch)
-        assert measure(zero + d, zero, floored).rule_counts == (0,), switch
-        assert measure(one + 2.0**-7, one, at_limit).rule_counts == (0, 1), switch
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "1")
+    monkeypatch.setattr(_kernels, "compare", None)  # would raise if it were called
+    zero = torch.zeros(1, dtype=torch.float64)
+    assert measure(zero + d, zero, floored).rule_counts == (0,)
+    assert not _kernels.fits(1, small)
+    assert _kernels.fits(4, 2.0**-10)
+    assert _kernels.fits(1, 0.0)
+    assert not _kernels.fits(5, 0.0)
 
 
 def test_without_numba_the_torch_pipeline_runs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,9 @@ Each kernel reads a chunk once, in blocks (``_kernels.BLOCK_NUMEL`` elements): a
 accumulates every sum and maximum of a block, assuming it finite; a block that proves otherwise
 is redone element by element with the non-finite values counted and left out. Counting
 elements above limits takes a second look at a block, only where its maxima say some element
-can count. Per-element values are computed exactly as the torch pipeline computes them.
+can count. Per-element values are computed exactly as the torch pipeline computes them. Element loops
+index with unsigned integers: numba's wraparound check for negative indices would otherwise
+keep them from vectorizing (4-5x more instructions per element).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def _compare_chunk(a, e, block, ulp, params, kinds, limits, acc, counts, locs, b
         # Maxima of values >= 0 as the maxima of their bit patterns (the same order), which
         # vectorize where float max (with its NaN rules) does not; the excess is floored at 0.
         kd = kr = ku = kc = 0
-        for i in range(lo, hi):
+        for i in range(np.uint64(lo), np.uint64(hi)):
             x = np.float64(a[i])
             y = np.float64(e[i])
             d = abs(x - y)
@@ -158,7 +160,7 @@ def _masked_block(a, e, lo, hi, ulp, rtol, counts):
     ae = aa = ee = dd = sd = sr = su = 0.0
     md = mr = mu = mc = 0.0
     any_finite = False
-    for i in range(lo, hi):
+    for i in range(np.uint64(lo), np.uint64(hi)):
         x = np.float64(a[i])
         y = np.float64(e[i])
         if not (math.isfinite(x) and math.isfinite(y)):
@@ -201,7 +203,7 @@ def _count_block(a, e, lo, hi, ulp, params, kinds, limits, counts):
     k0, k1, k2, k3 = kinds[0], kinds[1], kinds[2], kinds[3]
     l0, l1, l2, l3 = limits[0], limits[1], limits[2], limits[3]
     over_thousandth = over_five_thousandth = c0 = c1 = c2 = c3 = 0
-    for i in range(lo, hi):
+    for i in range(np.uint64(lo), np.uint64(hi)):
         x = np.float64(a[i])
         y = np.float64(e[i])
         finite = (abs(x) < math.inf) & (abs(y) < math.inf)
@@ -241,7 +243,7 @@ def _stats_chunk(x, bits, sign_mask, block, acc, keys, counts):
         total = squares = 0.0
         low = keys[0]
         high = keys[1]
-        for i in range(lo, hi):
+        for i in range(np.uint64(lo), np.uint64(hi)):
             v = np.float64(x[i])
             total += v
             squares += v * v
@@ -253,7 +255,7 @@ def _stats_chunk(x, bits, sign_mask, block, acc, keys, counts):
             total = squares = 0.0
             low = keys[0]
             high = keys[1]
-            for i in range(lo, hi):
+            for i in range(np.uint64(lo), np.uint64(hi)):
                 v = np.float64(x[i])
                 if math.isnan(v):
                     counts[0] += 1

@@ -4,9 +4,10 @@ Each kernel reads a chunk once, in blocks (``_kernels.BLOCK_NUMEL`` elements): a
 accumulates every sum and maximum of a block, assuming it finite; a block that proves otherwise
 is redone element by element with the non-finite values counted and left out. Counting
 elements above limits takes a second look at a block, only where its maxima say some element
-can count. Per-element values are computed exactly as the torch pipeline computes them. Element loops
-index with unsigned integers: numba's wraparound check for negative indices would otherwise
-keep them from vectorizing (4-5x more instructions per element).
+can count. Per-element values are computed exactly as the torch pipeline computes them.
+
+Element loops index with unsigned integers: numba's wraparound check for negative indices
+would otherwise keep them from vectorizing (4-5x more instructions per element).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import importlib.metadata
 import itertools
 import math
 import os
+import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,7 @@ CHUNK_NUMEL = 1 << 18
 #: Elements per block inside a call: the unit of the finiteness check and of max locations.
 BLOCK_NUMEL = 4096
 #: Below this many elements the work stays on the calling thread.
-PARALLEL_NUMEL = 1 << 21
+PARALLEL_NUMEL = 1 << 19
 
 _KERNEL_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 #: Dtypes the kernels take after a chunk-wise exact widening to float32.
@@ -109,16 +110,29 @@ def accepts(*tensors: torch.Tensor) -> bool:
 _local = threading.local()
 
 
-def _kernel_view(chunk: torch.Tensor, slot: int) -> np.ndarray:
-    """``chunk`` as a numpy array the kernels take: a view for float32/64, else an exact
-    float32 copy in a buffer reused per thread and ``slot``."""
-    if chunk.dtype in _KERNEL_DTYPES:
-        return chunk.numpy()
+def _kernel_arrays(
+    flats: Sequence[torch.Tensor], start: int, stop: int
+) -> Iterator[tuple[int, list[np.ndarray]]]:
+    """Elements ``start:stop`` of flat tensors as numpy arrays the kernels take, with their
+    offset: one view each when all are float32/64; else chunks, narrower floats copied
+    (exactly) into float32 buffers reused per thread."""
+    if all(flat.dtype in _KERNEL_DTYPES for flat in flats):
+        yield start, [flat[start:stop].numpy() for flat in flats]
+        return
     buffers: dict[int, torch.Tensor] = _local.__dict__.setdefault("buffers", {})
-    buffer = buffers.get(slot)
-    if buffer is None or buffer.numel() < chunk.numel():
-        buffer = buffers[slot] = torch.empty(max(chunk.numel(), CHUNK_NUMEL))
-    return buffer[: chunk.numel()].copy_(chunk).numpy()
+    for lo in range(start, stop, CHUNK_NUMEL):
+        hi = min(lo + CHUNK_NUMEL, stop)
+        arrays = []
+        for slot, flat in enumerate(flats):
+            chunk = flat[lo:hi]
+            if chunk.dtype in _KERNEL_DTYPES:
+                arrays.append(chunk.numpy())
+                continue
+            buffer = buffers.get(slot)
+            if buffer is None or buffer.numel() < chunk.numel():
+                buffer = buffers[slot] = torch.empty(max(chunk.numel(), CHUNK_NUMEL))
+            arrays.append(buffer[: chunk.numel()].copy_(chunk).numpy())
+        yield lo, arrays
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -152,11 +166,6 @@ def run_chunks(numel: int, work: Callable[[int, int], T]) -> list[T]:
     pool = _threads()
     futures = [pool.submit(work, lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
     return [f.result() for f in futures]
-
-
-def chunk_ranges(start: int, stop: int) -> Iterator[tuple[int, int]]:
-    for lo in range(start, stop, CHUNK_NUMEL):
-        yield lo, min(lo + CHUNK_NUMEL, stop)
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,9 +223,7 @@ def compare(
 
     def work(start: int, stop: int) -> CompareTotals:
         totals = CompareTotals()
-        for lo, hi in chunk_ranges(start, stop):
-            a = _kernel_view(flat_a[lo:hi], 0)
-            e = _kernel_view(flat_e[lo:hi], 1)
+        for lo, (a, e) in _kernel_arrays((flat_a, flat_e), start, stop):
             kernels._compare_chunk(
                 a,
                 e,
@@ -238,15 +245,19 @@ def compare(
     return parts[0]
 
 
-#: Integer views of the kernel dtypes, and the mask that turns their bits into ordered keys.
-_BITS = {np.float32: (np.int32, 0x7FFF_FFFF), np.float64: (np.int64, 0x7FFF_FFFF_FFFF_FFFF)}
+#: Per kernel dtype: its integer view, the mask that turns its bits into ordered keys, and the
+#: struct codes of the integer and of the float.
+_BITS = {
+    np.float32: (np.int32, 0x7FFF_FFFF, "i", "f"),
+    np.float64: (np.int64, 0x7FFF_FFFF_FFFF_FFFF, "q", "d"),
+}
 _INT64 = np.iinfo(np.int64)
 
 
 def _from_key(key: int, float_type: type[np.floating[Any]]) -> float:
-    int_type, mask = _BITS[float_type]
+    _, mask, int_code, float_code = _BITS[float_type]
     bits = key ^ (mask if key < 0 else 0)  # the key transform is its own inverse
-    return float(np.array([bits], dtype=int_type).view(float_type)[0])
+    return struct.unpack(float_code, struct.pack(int_code, bits))[0]
 
 
 def stats(flat: torch.Tensor) -> tuple[float, float, float, float, int, int, int]:
@@ -254,31 +265,27 @@ def stats(flat: torch.Tensor) -> tuple[float, float, float, float, int, int, int
     min and max are inf and -inf when no element is finite."""
     kernels = _jit()
     float_type = _KERNEL_DTYPES.get(flat.dtype, np.float32)
-    int_type, mask = _BITS[float_type]
+    int_type, mask, _, _ = _BITS[float_type]
 
     def work(start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         acc = np.zeros(2)
         keys = np.array([_INT64.max, _INT64.min], dtype=np.int64)
         counts = np.zeros(3, dtype=np.int64)
-        for lo, hi in chunk_ranges(start, stop):
-            x = _kernel_view(flat[lo:hi], 0)
+        for _, (x,) in _kernel_arrays((flat,), start, stop):
             kernels._stats_chunk(x, x.view(int_type), mask, BLOCK_NUMEL, acc, keys, counts)
         return acc, keys, counts
 
     parts = run_chunks(flat.numel(), work)
-    total = sum(float(acc[0]) for acc, _, _ in parts)
-    squares = sum(float(acc[1]) for acc, _, _ in parts)
-    low = min(int(keys[0]) for _, keys, _ in parts)
-    high = max(int(keys[1]) for _, keys, _ in parts)
-    nan, posinf, neginf = (sum(int(c[k]) for _, _, c in parts) for k in range(3))
+    acc, keys, counts = parts[0]
+    for more_acc, more_keys, more_counts in parts[1:]:
+        acc += more_acc
+        keys[0] = min(keys[0], more_keys[0])
+        keys[1] = max(keys[1], more_keys[1])
+        counts += more_counts
+    total, squares = acc.tolist()
+    low, high = keys.tolist()
+    nan, posinf, neginf = counts.tolist()
     if low > high:  # no finite element
         return total, squares, math.inf, -math.inf, nan, posinf, neginf
-    return (
-        total,
-        squares,
-        _from_key(low, float_type),
-        _from_key(high, float_type),
-        nan,
-        posinf,
-        neginf,
-    )
+    low_value, high_value = _from_key(low, float_type), _from_key(high, float_type)
+    return total, squares, low_value, high_value, nan, posinf, neginf

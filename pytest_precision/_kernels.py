@@ -88,6 +88,7 @@ def describe() -> str:
     return f"numba {version} kernels"
 
 
+@functools.cache
 def _jit() -> Any:
     """The compiled kernels, imported on first use (numba takes a while to import)."""
     from . import _numba_kernels

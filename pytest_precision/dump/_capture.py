@@ -142,7 +142,10 @@ def _add_leaves(leaves: list[tuple[str, Any]], slot: str, value: Any) -> None:
 def _input_leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
     leaves: list[tuple[str, Any]] = []
     for index, arg in enumerate(args):
-        _add_leaves(leaves, f"input.{index}", arg)
+        if isinstance(arg, torch.Tensor):  # the usual case, without a look inside
+            leaves.append((f"input.{index}", arg))
+        else:
+            _add_leaves(leaves, f"input.{index}", arg)
     for key, arg in kwargs.items():
         _add_leaves(leaves, f"kwargs.{key}", arg)
     return leaves
@@ -186,6 +189,11 @@ def _json_slot(slot: str) -> str:
 @functools.cache
 def _json_dtype(dtype: torch.dtype) -> str:
     return json_text(dtype_name(dtype))
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_shape(shape: torch.Size) -> str:
+    return json_text(list(shape))
 
 
 class _OpMode(TorchFunctionMode):
@@ -398,8 +406,8 @@ class Capture:
             self._busy = False
 
     def _record_tensor(self, writer: DumpWriter, members: str, t: torch.Tensor) -> None:
-        shape = ",".join(map(str, t.shape))
-        members = f'{members},"dtype":{_json_dtype(t.dtype)},"shape":[{shape}],"value":null'
+        shape = _json_shape(t.shape)
+        members = f'{members},"dtype":{_json_dtype(t.dtype)},"shape":{shape},"value":null'
         step = self.step_index
         if t.layout is not torch.strided or t.is_quantized or t.is_meta:
             writer.add_encoded(members, step)  # no dense data to summarize or store

@@ -108,8 +108,11 @@ def stats_json(stats: TensorStats) -> str:
     """``json_text(encode_stats(stats))``, faster for the usual case: finite float statistics."""
     floats = (stats.max, stats.min, stats.mean, stats.norm)
     counts = (stats.nan_count, stats.posinf_count, stats.neginf_count, stats.numel)
-    if not all(type(x) is float and math.isfinite(x) for x in floats) or not all(
-        type(n) is int for n in counts
+    # A sum of finite floats that overflows only sends a few records down the general path.
+    if (
+        set(map(type, floats)) != {float}
+        or set(map(type, counts)) != {int}
+        or not math.isfinite(sum(floats))
     ):
         return json_text(encode_stats(stats))
     return (

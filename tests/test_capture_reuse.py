@@ -141,17 +141,27 @@ def test_parameters_are_summarized_once_per_capture(
     assert all(summarized[id(p)] == 1 for p in model.parameters())
 
 
-def test_remembered_tensors_are_not_kept_alive(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["tensor", "statistics"])
+def test_what_is_kept_for_reuse_stays_bounded(tmp_path: Path, mode: str) -> None:
     model = build_tiny_llama(CONFIG, seed=0)
-    with torch.no_grad(), capture(model, tmp_path, level="op", mode="statistics") as cap:
-        model(example_input_ids(CONFIG, seq=8))
-        gc.collect()
-        # Intermediates died with the forward; their entries went with them.
-        assert len(cap._recorded) <= len(list(model.parameters())) + 2
+    ids = example_input_ids(CONFIG, seq=8)
+    params = len(list(model.parameters()))
+    with torch.no_grad(), capture(model, tmp_path, level="op", mode=mode) as cap:  # type: ignore[arg-type]
+        writer = cap._writer
+        assert writer is not None
+        for _ in range(6):
+            model(ids)
+            cap.step()
+            gc.collect()
+            # Intermediates died with the forward; their entries went with them.
+            assert len(cap._recorded) <= params + 2
+    assert writer._count > 6 * params  # many records, each new tensor under a new key
+    assert len(writer._tails) <= params + 2  # the writer let go of every dead tensor's key
 
 
-def test_inference_tensors_are_never_reused() -> None:
-    recorded = RecordedTensors()
+def test_keys_hold_while_unchanged_never_for_inference_tensors_and_are_let_go() -> None:
+    forgotten: list[str] = []
+    recorded = RecordedTensors(forgotten.append)
     with torch.inference_mode():
         t = torch.ones(3)
     recorded.remember(t, "0")
@@ -161,6 +171,11 @@ def test_inference_tensors_are_never_reused() -> None:
     assert recorded.key_of(u) == "1"
     u.mul_(2)
     assert recorded.key_of(u) is None
+    recorded.remember(u, "2")
+    assert forgotten == ["1"]  # recorded again: the old key can never be returned
+    del u
+    gc.collect()
+    assert forgotten == ["1", "2"]
 
 
 _FLOATS = st.floats(allow_nan=True, allow_infinity=True)

@@ -261,7 +261,7 @@ class Capture:
         self._stack: list[tuple[str, str, str]] = []
         self._module_calls: dict[str, int] = {}
         self._op_calls: dict[str, int] = {}
-        self._recorded = RecordedTensors()
+        self._recorded = RecordedTensors(self._forget_key)
         self._keys = itertools.count()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._mode: _OpMode | None = None
@@ -320,6 +320,10 @@ class Capture:
         if self._writer is not None:
             self._writer.close(interrupted_by=None if exc is None else repr(exc))
             self._writer = None
+
+    def _forget_key(self, key: str) -> None:
+        if self._writer is not None:
+            self._writer.forget(key)
 
     # -- hooks -----------------------------------------------------------------------------------
 

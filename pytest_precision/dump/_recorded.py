@@ -14,6 +14,7 @@ bump no version counter. Inference tensors have no version counter and are never
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,8 +33,9 @@ def _geometry(t: torch.Tensor) -> _Geometry | None:
 class RecordedTensors:
     """Record keys of tensors by identity, valid while the tensor is unchanged."""
 
-    def __init__(self) -> None:
+    def __init__(self, forget: Callable[[str], None]) -> None:
         self._entries: dict[int, tuple[weakref.ref[torch.Tensor], int, _Geometry, str]] = {}
+        self._forget = forget  # told of each key that can no longer be returned
 
     def key_of(self, t: torch.Tensor) -> str | None:
         """The key ``t`` was recorded under, if it is unchanged since; ``None`` otherwise."""
@@ -54,14 +56,19 @@ class RecordedTensors:
             return
         ident = id(t)
 
-        def forget(_: Any) -> None:
+        def died(_: Any) -> None:
             entry = self._entries.get(ident)
             if entry is not None and entry[3] == key:
                 del self._entries[ident]
+                self._forget(key)
 
-        self._entries[ident] = (weakref.ref(t, forget), t._version, geometry, key)
+        replaced = self._entries.get(ident)
+        self._entries[ident] = (weakref.ref(t, died), t._version, geometry, key)
+        if replaced is not None:  # the same tensor recorded again, changed
+            self._forget(replaced[3])
 
     def clear(self) -> None:
+        """Forget everything, telling no one (the capture is over)."""
         self._entries.clear()
 
     def __len__(self) -> int:

@@ -85,6 +85,13 @@ class _Item:
 
 
 _STOP = object()
+
+
+@dataclass
+class _Forget:
+    key: str
+
+
 #: Record lines are handed to the index file in batches of this many: one write per line costs
 #: as much as building the line.
 _LINES_PER_WRITE = 512
@@ -116,7 +123,7 @@ class DumpWriter:
         self.steps: set[int] = set()
         self._pending = 0
         self._pending_lock = threading.Condition()
-        self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item | _Forget | object] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._count = 0
         self._shard: dict[str, torch.Tensor] = {}
@@ -187,6 +194,13 @@ class DumpWriter:
                 self._pending += nbytes
         self._queue.put(_Item(members, key, tensor, stats, alias, nbytes))
 
+    def forget(self, key: str) -> None:
+        """No later record will alias ``key``: drop what was kept for that (bounded memory)."""
+        if self._thread is not None:
+            self._queue.put(_Forget(key))  # in order: after the records that alias it
+        elif self._index is not None:
+            self._tails.pop(key, None)
+
     def close(self, *, interrupted_by: str | None = None) -> None:
         """Flush everything, then finalize: ``rank.json``, and the manifest on rank 0.
 
@@ -245,6 +259,9 @@ class DumpWriter:
     def _run(self) -> None:
         try:
             while (item := self._queue.get()) is not _STOP:
+                if isinstance(item, _Forget):
+                    self._tails.pop(item.key, None)
+                    continue
                 assert isinstance(item, _Item)
                 self._write(item.members, item.key, item.tensor, item.stats, item.alias)
             self._flush_shard()

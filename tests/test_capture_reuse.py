@@ -24,7 +24,10 @@ from pytest_precision.dump._recorded import RecordedTensors
 CONFIG = TinyLlamaConfig(num_layers=2)
 
 
-def _stats(path: Path) -> dict[str, TensorStats | None]:
+def _op_statistics(model: torch.nn.Module, x: torch.Tensor, path: Path) -> dict[str, Any]:
+    """The statistics of each tensor record of an op-level capture of ``model(x)``, by key."""
+    with torch.no_grad(), capture(model, path, level="op", mode="statistics"):
+        model(x)
     return {r.key: r.stats for r in read_native_dump(path) if r.is_tensor}
 
 
@@ -37,9 +40,7 @@ class _ChangesInPlace(torch.nn.Module):
 
 def test_a_tensor_changed_in_place_gets_fresh_statistics(tmp_path: Path) -> None:
     x = torch.arange(6.0)
-    with torch.no_grad(), capture(_ChangesInPlace(), tmp_path, level="op", mode="statistics") as c:
-        c.model(x)
-    stats = _stats(tmp_path)
+    stats = _op_statistics(_ChangesInPlace(), x, tmp_path)
     before, after = tensor_stats(x * 2), tensor_stats(x * 2 + 1)
     assert stats["Tensor.mul.0.forward.output.0"] == before
     assert stats["Tensor.add_.0.forward.input.0"] == before
@@ -56,9 +57,7 @@ class _Views(torch.nn.Module):
 
 def test_views_of_one_base_get_their_own_statistics(tmp_path: Path) -> None:
     x = torch.tensor([[1.0, -2.0], [3.0, 4.0], [50.0, 6.0]])
-    with torch.no_grad(), capture(_Views(), tmp_path, level="op", mode="statistics") as c:
-        c.model(x)
-    stats = _stats(tmp_path)
+    stats = _op_statistics(_Views(), x, tmp_path)
     inputs = [stats[f"Tensor.neg.{n}.forward.input.0"] for n in range(4)]
     assert inputs == [tensor_stats(v) for v in (x, x[:2], x.t(), x[1:])]
     assert inputs[0] != inputs[1]  # same data pointer and version, other elements
@@ -74,9 +73,7 @@ class _SwapsData(torch.nn.Module):
 
 def test_a_tensor_given_new_data_gets_fresh_statistics(tmp_path: Path) -> None:
     x = torch.arange(4.0)
-    with torch.no_grad(), capture(_SwapsData(), tmp_path, level="op", mode="statistics") as c:
-        c.model(x)
-    stats = _stats(tmp_path)
+    stats = _op_statistics(_SwapsData(), x, tmp_path)
     assert stats["Tensor.neg.0.forward.input.0"] == tensor_stats(x)
     assert stats["Tensor.neg.1.forward.input.0"] == tensor_stats(torch.full((4,), 7.0))
 

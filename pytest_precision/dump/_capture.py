@@ -15,9 +15,9 @@ import dataclasses
 import fnmatch
 import functools
 import itertools
+import re
 import sys
 import warnings
-import weakref
 from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError, PrecisionWarning
-from ._native import encode_value
+from ._native import encode_value, json_members, json_text
+from ._recorded import RecordedTensors
 from ._safe_io import dtype_name
 from ._writer import DumpWriter, summarize
 
@@ -48,18 +49,6 @@ _METADATA = frozenset({
 # fmt: on
 
 
-@dataclass(frozen=True)
-class _Call:
-    """One call being captured: the fields every record of the call shares."""
-
-    name: str
-    kind: str
-    op: str
-    module: str
-    parent: str | None
-    keep: bool
-
-
 # -- naming operators ------------------------------------------------------------------------------
 
 
@@ -73,29 +62,51 @@ def _functional_names() -> dict[Any, str]:
     }
 
 
-def _classify(func: Any) -> tuple[str, str, bool]:
-    """(kind, op name, is a property read) of a function seen by ``__torch_function__``."""
+@dataclass(frozen=True)
+class _OpInfo:
+    """How calls of one torch function are named; worked out once per function."""
+
+    kind: str
+    op: str
+    #: ``kind.op``, the prefix of the call names
+    api: str
+    #: a metadata read (``.size()``, ``.shape``): recorded only when it returns a tensor
+    metadata: bool
+
+    @functools.cached_property
+    def members(self) -> str:
+        """``,"kind":...,"op":...`` of its records, encoded once."""
+        return "," + json_members({"kind": self.kind, "op": self.op})
+
+
+def _classify(func: Any) -> _OpInfo:
+    """How a function seen by ``__torch_function__`` is named and recorded."""
     functional = _functional_names().get(func) if isinstance(func, Hashable) else None
     if functional is not None:
-        return "Functional", functional, False
+        return _OpInfo("Functional", functional, f"Functional.{functional}", False)
     owner = getattr(func, "__self__", None)
     if type(owner).__name__ == "getset_descriptor":  # a Tensor property such as .T or .shape
-        return "Tensor", owner.__name__, True
+        return _OpInfo("Tensor", owner.__name__, f"Tensor.{owner.__name__}", True)
     name = getattr(func, "__name__", None) or type(func).__name__
     qualname = getattr(func, "__qualname__", "") or ""
-    if qualname.startswith(("TensorBase.", "Tensor.")):
-        return "Tensor", name, False
-    return "Torch", name, False
+    kind = "Tensor" if qualname.startswith(("TensorBase.", "Tensor.")) else "Torch"
+    return _OpInfo(kind, name, f"{kind}.{name}", name in _METADATA)
 
 
 _classify_cached = functools.lru_cache(maxsize=4096)(_classify)
 
 
-def _op_kind_and_name(func: Any) -> tuple[str, str, bool]:
-    return _classify_cached(func) if isinstance(func, Hashable) else _classify(func)
+def _op_info(func: Any) -> _OpInfo:
+    try:
+        return _classify_cached(func)
+    except TypeError:  # an unhashable callable
+        return _classify(func)
 
 
 # -- walking values --------------------------------------------------------------------------------
+
+#: Types of values that never hold tensors: no need to look inside them.
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, torch.dtype, torch.device})
 
 
 def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
@@ -112,24 +123,39 @@ def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
 def _has_tensor(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
+    if type(value) in _ATOMS:
+        return False
     items = _items(value)
     return items is not None and any(_has_tensor(item) for _, item in items)
 
 
-def _leaves(slot: str, value: Any) -> Iterator[tuple[str, Any]]:
-    """(slot, leaf) pairs: containers holding tensors are opened, anything else is one leaf."""
-    items = _items(value) if _has_tensor(value) and not isinstance(value, torch.Tensor) else None
+def _add_leaves(leaves: list[tuple[str, Any]], slot: str, value: Any) -> None:
+    """Append (slot, leaf) pairs: containers holding tensors are opened, anything else is a leaf."""
+    items = None if isinstance(value, torch.Tensor) or not _has_tensor(value) else _items(value)
     if items is None:
-        yield slot, value
+        leaves.append((slot, value))
         return
     for key, item in items:
-        yield from _leaves(f"{slot}.{key}", item)
+        _add_leaves(leaves, f"{slot}.{key}", item)
 
 
-def _output_slots(output: Any) -> Iterator[tuple[str, Any]]:
-    items = output if isinstance(output, tuple) else (output,)
-    for index, item in enumerate(items):
-        yield from _leaves(f"output.{index}", item)
+def _input_leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    leaves: list[tuple[str, Any]] = []
+    for index, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor):  # the usual case, without a look inside
+            leaves.append((f"input.{index}", arg))
+        else:
+            _add_leaves(leaves, f"input.{index}", arg)
+    for key, arg in kwargs.items():
+        _add_leaves(leaves, f"kwargs.{key}", arg)
+    return leaves
+
+
+def _output_leaves(output: Any) -> list[tuple[str, Any]]:
+    leaves: list[tuple[str, Any]] = []
+    for index, item in enumerate(output if isinstance(output, tuple) else (output,)):
+        _add_leaves(leaves, f"output.{index}", item)
+    return leaves
 
 
 def _private_copy(t: torch.Tensor) -> torch.Tensor:
@@ -140,7 +166,34 @@ def _private_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu").contiguous()
 
 
+def _compile(patterns: tuple[str, ...] | None) -> re.Pattern[str] | None:
+    """One regular expression matching what any of the glob ``patterns`` matches."""
+    if patterns is None:
+        return None
+    if not patterns:
+        return re.compile("(?!)")  # matches nothing
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
+
+
 # -- the capture -----------------------------------------------------------------------------------
+
+#: The fields every record of one call shares, encoded once per call (see ``json_members``).
+_Head = str
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_slot(slot: str) -> str:
+    return json_text(slot)
+
+
+@functools.cache
+def _json_dtype(dtype: torch.dtype) -> str:
+    return json_text(dtype_name(dtype))
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_shape(shape: torch.Size) -> str:
+    return json_text(list(shape))
 
 
 class _OpMode(TorchFunctionMode):
@@ -157,21 +210,24 @@ class _OpMode(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         capture = self.capture
-        if capture._busy:  # our own work
+        # Our own work, or a call outside the model's forward.
+        if capture._busy or not capture._stack or not capture._recording:
             return func(*args, **kwargs)
-        kind, op, is_property = _op_kind_and_name(func)
-        recording = bool(capture._stack) and capture._recording  # inside the model's forward
-        metadata = is_property or op in _METADATA
-        call = None
-        if recording and not metadata:
-            call = capture._op_call(kind, op)
-            capture._record_inputs(call, args, kwargs)  # before the call: in-place ops
+        info = _op_info(func)
+        if info.metadata:
+            output = func(*args, **kwargs)
+            if _has_tensor(output):  # a property such as .T
+                head = capture._op_head(info)
+                if head is not None:
+                    capture._record_values(head, _input_leaves(args, kwargs))
+                    capture._record_values(head, _output_leaves(output))
+            return output
+        head = capture._op_head(info)
+        if head is None:
+            return func(*args, **kwargs)
+        capture._record_values(head, _input_leaves(args, kwargs))  # before the call: in-place ops
         output = func(*args, **kwargs)
-        if recording and metadata and _has_tensor(output):  # a property such as .T
-            call = capture._op_call(kind, op)
-            capture._record_inputs(call, args, kwargs)
-        if call is not None:
-            capture._record_outputs(call, output)
+        capture._record_values(head, _output_leaves(output))
         return output
 
 
@@ -196,23 +252,25 @@ class Capture:
         self.exclude = exclude
         self.steps = steps
         self.step_index = 0
+        self._included = _compile(include)
+        self._excluded = _compile(exclude) if exclude else None
+        self._recording = steps is None or 0 in steps
         self._busy = False
-        self._stack: list[tuple[str, str]] = []  # (record name, module path) of open module calls
+        # Open module calls: record name, module path, and the "module" and "parent" members of
+        # the op records inside it.
+        self._stack: list[tuple[str, str, str]] = []
         self._module_calls: dict[str, int] = {}
         self._op_calls: dict[str, int] = {}
-        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, str]] = {}
+        self._recorded = RecordedTensors(self._forget_key)
         self._keys = itertools.count()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._mode: _OpMode | None = None
         self._writer: DumpWriter | None = None
 
-    @property
-    def _recording(self) -> bool:
-        return self.steps is None or self.step_index in self.steps
-
     def step(self, step: int | None = None) -> int:
         """Start the next decode step (or step ``step``); call counters restart from 0."""
         self.step_index = self.step_index + 1 if step is None else step
+        self._recording = self.steps is None or self.step_index in self.steps
         self._module_calls.clear()
         self._op_calls.clear()
         return self.step_index
@@ -258,10 +316,14 @@ class Capture:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._seen.clear()
+        self._recorded.clear()
         if self._writer is not None:
             self._writer.close(interrupted_by=None if exc is None else repr(exc))
             self._writer = None
+
+    def _forget_key(self, key: str) -> None:
+        if self._writer is not None:
+            self._writer.forget(key)
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -274,14 +336,14 @@ class Capture:
                 f"Module.{path}.{cls}.forward.{count}" if path else f"Module.{cls}.forward.{count}"
             )
             parent = self._stack[-1][0] if self._stack else None
-            self._stack.append((name, path))
-            if self.level == "op" or not self._recording:
+            inside = {"module": path, "parent": name if self.level == "mix" else None}
+            self._stack.append((name, path, json_members(inside)))
+            if self.level == "op" or not self._recording or not self._keep(name, path):
                 return
-            call = _Call(name, "Module", cls, path, parent, self._keep(name, path))
-            self._record_inputs(call, args, kwargs)
-            if call.keep:
-                params = module.named_parameters(recurse=False)
-                self._record_values(call, ((f"parameters.{n}", p) for n, p in params))
+            head = self._head(name, "Module", cls, path, parent)
+            self._record_values(head, _input_leaves(args, kwargs))
+            params = module.named_parameters(recurse=False)
+            self._record_values(head, [(f"parameters.{n}", p) for n, p in params])
 
         return hook
 
@@ -290,7 +352,7 @@ class Capture:
             module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
         ) -> None:
             while self._stack:  # always_call: also runs when forward raised inside a child
-                name, open_path = self._stack.pop()
+                name, open_path, _ = self._stack.pop()
                 if open_path == path:
                     break
             else:
@@ -299,108 +361,71 @@ class Capture:
             # produced no output, so none is recorded.
             if self.level == "op" or not self._recording or sys.exc_info()[1] is not None:
                 return
-            parent = self._stack[-1][0] if self._stack else None
-            cls = type(module).__name__
-            self._record_outputs(
-                _Call(name, "Module", cls, path, parent, self._keep(name, path)), output
-            )
+            if self._keep(name, path):
+                parent = self._stack[-1][0] if self._stack else None
+                head = self._head(name, "Module", type(module).__name__, path, parent)
+                self._record_values(head, _output_leaves(output))
 
         return hook
 
     # -- records ---------------------------------------------------------------------------------
 
-    def _op_call(self, kind: str, op: str) -> _Call:
-        api = f"{kind}.{op}"
-        count = self._op_calls.get(api, 0)
-        self._op_calls[api] = count + 1
-        name = f"{api}.{count}.forward"
-        module = self._stack[-1][1] if self._stack else ""
-        parent = self._stack[-1][0] if self._stack and self.level == "mix" else None
-        return _Call(name, kind, op, module, parent, self._keep(name, module))
+    def _head(self, name: str, kind: str, op: str, module: str, parent: str | None) -> _Head:
+        fields = {"name": name, "kind": kind, "op": op, "module": module, "parent": parent}
+        fields["step"] = self.step_index
+        return json_members(fields)
+
+    def _op_head(self, info: _OpInfo) -> _Head | None:
+        """The shared fields of the next call of an op; ``None`` when include/exclude drop it."""
+        count = self._op_calls.get(info.api, 0)
+        self._op_calls[info.api] = count + 1
+        name = f"{info.api}.{count}.forward"
+        _, module, inside = self._stack[-1]
+        if not self._keep(name, module):
+            return None
+        return f'"name":{json_text(name)}{info.members},{inside},"step":{self.step_index}'
 
     def _keep(self, name: str, module: str) -> bool:
-        def matches(patterns: Iterable[str]) -> bool:
-            return any(
-                fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(module, p) for p in patterns
-            )
+        included, excluded = self._included, self._excluded
+        if included is not None and not (included.match(name) or included.match(module)):
+            return False
+        return excluded is None or not (excluded.match(name) or excluded.match(module))
 
-        return (self.include is None or matches(self.include)) and not matches(self.exclude)
-
-    def _record_inputs(self, call: _Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not call.keep:
-            return
-        values = itertools.chain(
-            ((f"input.{i}", arg) for i, arg in enumerate(args)),
-            ((f"kwargs.{key}", arg) for key, arg in kwargs.items()),
-        )
-        self._record_values(call, (leaf for slot, v in values for leaf in _leaves(slot, v)))
-
-    def _record_outputs(self, call: _Call, output: Any) -> None:
-        if call.keep:
-            self._record_values(call, _output_slots(output))
-
-    def _record_values(self, call: _Call, leaves: Iterable[tuple[str, Any]]) -> None:
-        assert self._writer is not None
+    def _record_values(self, head: _Head, leaves: list[tuple[str, Any]]) -> None:
+        writer = self._writer
+        assert writer is not None
         self._busy = True
         try:
             for slot, value in leaves:
-                entry: dict[str, Any] = {
-                    "name": call.name,
-                    "slot": slot,
-                    "kind": call.kind,
-                    "op": call.op,
-                    "module": call.module,
-                    "parent": call.parent,
-                    "step": self.step_index,
-                }
                 if isinstance(value, torch.Tensor):
-                    self._record_tensor(entry, value)
+                    self._record_tensor(writer, f'{head},"slot":{_json_slot(slot)}', value)
                 else:
-                    entry.update(dtype=None, shape=None, stats=None, data=None)
-                    entry["value"] = encode_value(value)
-                    self._writer.add(entry)
+                    encoded = json_text(encode_value(value))
+                    writer.add_encoded(
+                        f'{head},"slot":{_json_slot(slot)},"dtype":null,"shape":null,'
+                        f'"value":{encoded}',
+                        self.step_index,
+                    )
         finally:
             self._busy = False
 
-    def _record_tensor(self, entry: dict[str, Any], t: torch.Tensor) -> None:
-        assert self._writer is not None
-        entry["dtype"] = dtype_name(t.dtype)
-        entry["shape"] = list(t.shape)
-        entry["value"] = None
-        if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
-            entry.update(stats=None, data=None)  # no dense data to summarize or store
-            self._writer.add(entry)
+    def _record_tensor(self, writer: DumpWriter, members: str, t: torch.Tensor) -> None:
+        shape = _json_shape(t.shape)
+        members = f'{members},"dtype":{_json_dtype(t.dtype)},"shape":{shape},"value":null'
+        step = self.step_index
+        if t.layout is not torch.strided or t.is_quantized or t.is_meta:
+            writer.add_encoded(members, step)  # no dense data to summarize or store
             return
-        version = self._version(t)
-        seen = self._seen.get(id(t))
-        if version is not None and seen is not None and seen[0]() is t and seen[1] == version:
-            self._writer.add(entry, alias=seen[2])  # the same tensor, unchanged: share its data
+        key = self._recorded.key_of(t)
+        if key is not None:  # recorded before and unchanged since: share its data and statistics
+            writer.add_encoded(members, step, alias=key)
             return
         key = str(next(self._keys))
         if self.mode == "tensor":
-            self._writer.add(entry, key=key, tensor=_private_copy(t))
+            writer.add_encoded(members, step, key=key, tensor=_private_copy(t))
         else:
-            self._writer.add(entry, key=key, stats=summarize(t))
-        if version is not None:
-            self._remember(t, version, key)
-
-    @staticmethod
-    def _version(t: torch.Tensor) -> int | None:
-        """What tells whether ``t`` changed since it was recorded; ``None``: nothing does.
-
-        Inference tensors have no version counter, and a write through any view of their
-        storage would go unseen, so they are never shared between records.
-        """
-        return None if t.is_inference() else t._version
-
-    def _remember(self, t: torch.Tensor, version: int, key: str) -> None:
-        ident = id(t)
-
-        def forget(_: object) -> None:
-            if self._seen.get(ident, (None, 0, ""))[2] == key:
-                del self._seen[ident]
-
-        self._seen[ident] = (weakref.ref(t, forget), version, key)
+            writer.add_encoded(members, step, key=key, stats=summarize(t))
+        self._recorded.remember(t, key)
 
 
 #: Modules whose fused inference fast path is skipped while a torch-function mode is active.

@@ -104,6 +104,24 @@ def encode_stats(stats: TensorStats) -> dict[str, Any]:
     return {key: encode_value(getattr(stats, key)) for key in _STATS_FIELDS}
 
 
+def stats_json(stats: TensorStats) -> str:
+    """``json_text(encode_stats(stats))``, faster for the usual case: finite float statistics."""
+    floats = (stats.max, stats.min, stats.mean, stats.norm)
+    counts = (stats.nan_count, stats.posinf_count, stats.neginf_count, stats.numel)
+    # A sum of finite floats that overflows only sends a few records down the general path.
+    if (
+        set(map(type, floats)) != {float}
+        or set(map(type, counts)) != {int}
+        or not math.isfinite(sum(floats))
+    ):
+        return json_text(encode_stats(stats))
+    return (
+        f'{{"max":{stats.max!r},"min":{stats.min!r},"mean":{stats.mean!r},"norm":{stats.norm!r},'
+        f'"nan_count":{stats.nan_count},"posinf_count":{stats.posinf_count},'
+        f'"neginf_count":{stats.neginf_count},"numel":{stats.numel}}}'
+    )
+
+
 def decode_stats(data: dict[str, Any]) -> TensorStats:
     return TensorStats.from_dict({key: decode_value(item) for key, item in data.items()})
 
@@ -111,8 +129,15 @@ def decode_stats(data: dict[str, Any]) -> TensorStats:
 _LINE_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
-def dumps_line(data: dict[str, Any]) -> str:
-    return _LINE_ENCODER.encode(data) + "\n"
+def json_text(value: Any) -> str:
+    """Compact strict JSON, as record lines use."""
+    return _LINE_ENCODER.encode(value)
+
+
+def json_members(data: dict[str, Any]) -> str:
+    """The members of a non-empty JSON object without its braces: record lines are built from
+    such pieces (``"name":"Torch.add.0.forward","slot":"input.0"``)."""
+    return _LINE_ENCODER.encode(data)[1:-1]
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

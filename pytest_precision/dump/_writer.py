@@ -30,10 +30,11 @@ from ._native import (
     RANK_DONE,
     RECORDS,
     SCHEMA_VERSION,
-    dumps_line,
-    encode_stats,
+    json_members,
+    json_text,
     numerics_settings,
     rank_dir,
+    stats_json,
     write_json_atomic,
 )
 
@@ -75,7 +76,7 @@ def summarize(t: torch.Tensor) -> TensorStats | None:
 
 @dataclass
 class _Item:
-    entry: dict[str, Any]
+    members: str
     key: str | None = None
     tensor: torch.Tensor | None = None
     stats: TensorStats | None = None
@@ -84,6 +85,18 @@ class _Item:
 
 
 _STOP = object()
+
+
+@dataclass
+class _Forget:
+    key: str
+
+
+#: Record lines are handed to the index file in batches of this many: one write per line costs
+#: as much as building the line.
+_LINES_PER_WRITE = 512
+#: The end of a record line without statistics or data (a JSON value, a sparse tensor).
+_NO_DATA = ',"stats":null,"data":null}\n'
 
 
 class DumpWriter:
@@ -110,17 +123,17 @@ class DumpWriter:
         self.steps: set[int] = set()
         self._pending = 0
         self._pending_lock = threading.Condition()
-        self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item | _Forget | object] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._count = 0
         self._shard: dict[str, torch.Tensor] = {}
         self._shard_nbytes = 0
         self._shards: dict[str, int] = {}
-        self._locations: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
-        self._raw_keys: set[str] = set()
+        self._tails: dict[str, str] = {}  # by key: the record line's end, "stats" and "data"
         self._background = background
         self._thread: threading.Thread | None = None
         self._index: TextIO | None = None
+        self._lines: list[str] = []  # record lines not yet handed to the index file
 
     # -- producer side ---------------------------------------------------------------------------
 
@@ -148,11 +161,28 @@ class DumpWriter:
     ) -> None:
         """Queue one record: ``tensor`` is a private CPU copy to store under ``key``, ``stats``
         its statistics if already known; ``alias`` reuses the data and statistics of an earlier
-        key; a record with neither ``key`` nor ``alias`` is a JSON value."""
+        key; a record with neither ``key`` nor ``alias`` has no statistics and no data."""
+        self.add_encoded(
+            json_members(entry), entry["step"], key=key, tensor=tensor, stats=stats, alias=alias
+        )
+
+    def add_encoded(
+        self,
+        members: str,
+        step: int,
+        *,
+        key: str | None = None,
+        tensor: torch.Tensor | None = None,
+        stats: TensorStats | None = None,
+        alias: str | None = None,
+    ) -> None:
+        """:meth:`add` for a record whose fields are already JSON object members
+        (``"name":"...","slot":"output.0",...``): capture encodes the fields a call's records
+        share once per call."""
         self._raise_if_failed()
-        self.steps.add(entry["step"])
+        self.steps.add(step)
         if self._thread is None:  # written in the caller's thread
-            self._write(_Item(entry, key, tensor, stats, alias))
+            self._write(members, key, tensor, stats, alias)
             return
         nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
         if nbytes:
@@ -162,7 +192,14 @@ class DumpWriter:
                     self._raise_if_failed()  # a dead writer thread would never free memory
                     self._pending_lock.wait()
                 self._pending += nbytes
-        self._queue.put(_Item(entry, key, tensor, stats, alias, nbytes))
+        self._queue.put(_Item(members, key, tensor, stats, alias, nbytes))
+
+    def forget(self, key: str) -> None:
+        """No later record will alias ``key``: drop what was kept for that (bounded memory)."""
+        if self._thread is not None:
+            self._queue.put(_Forget(key))  # in order: after the records that alias it
+        elif self._index is not None:
+            self._tails.pop(key, None)
 
     def close(self, *, interrupted_by: str | None = None) -> None:
         """Flush everything, then finalize: ``rank.json``, and the manifest on rank 0.
@@ -178,6 +215,7 @@ class DumpWriter:
             self._thread = None
         else:
             self._flush_shard()
+        self._write_lines()
         self._index.close()
         self._index = None
         self._raise_if_failed()
@@ -221,51 +259,58 @@ class DumpWriter:
     def _run(self) -> None:
         try:
             while (item := self._queue.get()) is not _STOP:
+                if isinstance(item, _Forget):
+                    self._tails.pop(item.key, None)
+                    continue
                 assert isinstance(item, _Item)
-                self._write(item)
+                self._write(item.members, item.key, item.tensor, item.stats, item.alias)
             self._flush_shard()
         except BaseException as exc:  # reported to the producer on its next call
             self._error = exc
             with self._pending_lock:
                 self._pending_lock.notify_all()
 
-    def _write(self, item: _Item) -> None:
-        entry = item.entry
-        if item.alias is not None:
-            shard, stats = self._locations[item.alias]
-            self._locate(entry, shard, item.alias)
-            entry["stats"] = stats
-        elif item.key is not None:
-            stats = item.stats
-            shard = None
-            if item.tensor is not None:
-                stats = stats or summarize(item.tensor)
-                shard = self._store(item.key, item.tensor)
-            entry["stats"] = None if stats is None else encode_stats(stats)
-            self._locations[item.key] = (shard, entry["stats"])
-            self._locate(entry, shard, item.key)
-        assert self._index is not None
-        self._index.write(dumps_line(entry))
-        self._count += 1
-
-    def _locate(self, entry: dict[str, Any], shard: str | None, key: str) -> None:
-        if shard is None:
-            entry["data"] = None
+    def _write(
+        self,
+        members: str,
+        key: str | None,
+        tensor: torch.Tensor | None,
+        stats: TensorStats | None,
+        alias: str | None,
+    ) -> None:
+        if alias is not None:
+            tail = self._tails[alias]
+        elif key is not None:
+            data = None
+            if tensor is not None:
+                stats = stats or summarize(tensor)
+                data = self._store(key, tensor)
+            encoded = "null" if stats is None else stats_json(stats)
+            location = "null" if data is None else json_text(data)
+            tail = self._tails[key] = f',"stats":{encoded},"data":{location}}}\n'
         else:
-            entry["data"] = {"shard": shard, "key": key}
-            if key in self._raw_keys:
-                entry["data"]["bytes"] = True
+            tail = _NO_DATA
+        self._lines.append("{" + members + tail)
+        self._count += 1
+        if len(self._lines) >= _LINES_PER_WRITE:
+            self._write_lines()
 
-    def _store(self, key: str, tensor: torch.Tensor) -> str:
+    def _write_lines(self) -> None:
+        assert self._index is not None
+        self._index.write("".join(self._lines))
+        self._lines.clear()
+
+    def _store(self, key: str, tensor: torch.Tensor) -> dict[str, Any]:
+        """Put ``tensor`` in the open shard; where the record's ``data`` says it is."""
+        data: dict[str, Any] = {"shard": f"shard-{len(self._shards):05d}.safetensors", "key": key}
         if not _safetensors_can_store(tensor.dtype):
             tensor = tensor.reshape(-1).view(torch.uint8)
-            self._raw_keys.add(key)
+            data["bytes"] = True
         self._shard[key] = tensor
         self._shard_nbytes += tensor.numel() * tensor.element_size()
-        name = f"shard-{len(self._shards):05d}.safetensors"
         if self._shard_nbytes >= self.shard_bytes:
             self._flush_shard()
-        return name
+        return data
 
     def _flush_shard(self) -> None:
         if not self._shard:

@@ -34,8 +34,11 @@ ENV_SWITCH = "PYTEST_PRECISION_KERNELS"
 CHUNK_NUMEL = 1 << 18
 #: Elements per block inside a call: the unit of the finiteness check and of max locations.
 BLOCK_NUMEL = 4096
-#: Below this many elements the work stays on the calling thread.
-PARALLEL_NUMEL = 1 << 19
+#: Below this much work (elements times their relative cost) the work stays on the calling
+#: thread: handing a range to another thread costs tens of microseconds.
+PARALLEL_NUMEL = 1 << 21
+#: Work per element of a comparison, relative to statistics (measured: about 4x).
+COMPARE_COST = 4
 
 _KERNEL_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 #: Dtypes the kernels take after a chunk-wise exact widening to float32.
@@ -156,17 +159,19 @@ def _threads() -> ThreadPoolExecutor:
 T = TypeVar("T")
 
 
-def run_chunks(numel: int, work: Callable[[int, int], T]) -> list[T]:
+def run_chunks(numel: int, work: Callable[[int, int], T], *, cost: int = 1) -> list[T]:
     """Call ``work(start, stop)`` on contiguous chunk-aligned ranges covering ``numel``
     elements, one range per thread, and return the results in range order."""
     workers = max(min(torch.get_num_threads(), -(-numel // CHUNK_NUMEL)), 1)
-    if numel < PARALLEL_NUMEL or workers == 1:
+    if numel * cost < PARALLEL_NUMEL or workers == 1:
         return [work(0, numel)]
     chunks = -(-numel // CHUNK_NUMEL)
     bounds = [min(numel, (chunks * i // workers) * CHUNK_NUMEL) for i in range(workers + 1)]
+    ranges = [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
     pool = _threads()
-    futures = [pool.submit(work, lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
-    return [f.result() for f in futures]
+    futures = [pool.submit(work, lo, hi) for lo, hi in ranges[1:]]
+    first = work(*ranges[0])  # the calling thread takes a share rather than wait
+    return [first, *(f.result() for f in futures)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,7 +245,7 @@ def compare(
             )
         return totals
 
-    parts = run_chunks(flat_a.numel(), work)
+    parts = run_chunks(flat_a.numel(), work, cost=COMPARE_COST)
     for later in parts[1:]:
         parts[0].merge(later)
     return parts[0]

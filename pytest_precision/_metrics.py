@@ -252,7 +252,11 @@ class ElementRule:
         tightest = min(
             (limit for q, limit in self.limits if q == Quantity.FLOORED_REL_ERR), default=0.0
         )
-        if errors.rel_max is not None and errors.rel_max <= tightest:
+        if self.small_value <= 0.0:
+            # No floor: the floored error is the relative one, which reads a pair of zeros as 0
+            # (the division would give a NaN, and a NaN maximum hides every count).
+            floored = errors.rel_err
+        elif errors.rel_max is not None and errors.rel_max <= tightest:
             # The floored error never exceeds the plain relative error: when that is within
             # every limit, it stands in for the floored one and no element counts.
             floored = errors.rel_err

@@ -44,6 +44,7 @@ RULES = {
         ),
         small_value=2.0**-9,
     ),
+    "unfloored": lambda dtype: ElementRule(((Quantity.FLOORED_REL_ERR, 1e-3),)),
 }
 
 

@@ -15,6 +15,7 @@ from pytest_precision import (
     AllClose,
     PrecisionInputError,
     Ratio,
+    RatioTier,
     Reference,
     Ulp,
     compare_tensors,
@@ -87,6 +88,19 @@ def test_small_value_rule_judges_tiny_expected_absolutely() -> None:
     actual = expected + 5e-11  # 50 % relative, but far below float32's small value 2**-20
     assert compare_tensors(actual, expected).verdict == "pass"
     assert compare_tensors(actual, expected, standard="allclose").verdict == "pass"  # atol
+
+
+def test_a_zero_small_value_judges_every_element_relatively() -> None:
+    # A pair of zeros has floored error 0 / max(0, 0): it must read as 0 (as the relative
+    # error does), not as a NaN that hides the other elements' errors from the counts.
+    plain = RatioTier(1e-4, 0.9999, 1e-3, 0.999, 1e-2, small_value=0.0)
+    result = compare_tensors(
+        torch.tensor([0.0, 1.0, 1.0]),
+        torch.tensor([0.0, 2.0, 0.0]),
+        standard=Ratio(tiers={torch.float32: plain}),
+    )
+    assert result.rule_counts == (2, 2, 2)
+    assert result.verdict == "fail"
 
 
 def test_default_standards() -> None:

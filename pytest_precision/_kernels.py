@@ -200,9 +200,10 @@ class CompareTotals:
 
 def fits(limits: int, small_value: float) -> bool:
     """Whether the comparison kernel can evaluate a rule: at most :data:`RULE_SLOTS` limits,
-    and a small value whose inverse is exact (zero or a power of two, as in every table), so
-    that the floored error is a multiplication."""
-    return limits <= RULE_SLOTS and (small_value == 0.0 or math.frexp(small_value)[0] == 0.5)
+    and a small value whose inverse is exact and finite (zero or a power of two from 2 ** -1023
+    up, as in every table), so that the floored error is a multiplication."""
+    exact_inverse = math.frexp(small_value)[0] == 0.5 and math.isfinite(1.0 / small_value)
+    return limits <= RULE_SLOTS and (small_value == 0.0 or exact_inverse)
 
 
 def compare(

@@ -276,6 +276,20 @@ def test_a_small_value_without_exact_inverse_takes_the_torch_pipeline(
     assert not _kernels.fits(5, 0.0)
 
 
+@needs_numba
+@pytest.mark.parametrize("small", [2.0**-1024, 2.0**-1074])
+def test_a_small_value_whose_inverse_overflows_is_divided_by(
+    monkeypatch: pytest.MonkeyPatch, small: float
+) -> None:
+    # 1 / small is inf: multiplying by it would read the floored error of d = small as inf.
+    floored = ElementRule(((Quantity.FLOORED_REL_ERR, 2.0),), small_value=small)
+    zero = torch.zeros(1, dtype=torch.float64)
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "1")
+    assert measure(zero + small, zero, floored).rule_counts == (0,)
+    assert not _kernels.fits(1, small)
+    assert _kernels.fits(1, 2.0**-1023)
+
+
 def test_without_numba_the_torch_pipeline_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_kernels, "_numba_version", lambda: None)
     monkeypatch.setattr(_kernels, "compare", None)  # would raise if it were called

@@ -142,16 +142,18 @@ def _kernel_arrays(
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 _pool_pid = 0
+_pool_width = 0
 
 
-def _threads() -> ThreadPoolExecutor:
-    """The worker pool, rebuilt after a fork (a forked child inherits no threads)."""
-    global _pool, _pool_pid
+def _threads(width: int) -> ThreadPoolExecutor:
+    """A worker pool at least ``width`` threads wide, rebuilt after a fork (a forked child
+    inherits no threads) and when torch's thread count grew (a narrower pool would queue
+    ranges); a replaced pool's threads exit once its last user lets go of it."""
+    global _pool, _pool_pid, _pool_width
     with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(
-                max_workers=max(torch.get_num_threads(), 1), thread_name_prefix="precision"
-            )
+        if _pool is None or _pool_pid != os.getpid() or _pool_width < width:
+            _pool_width = max(width, torch.get_num_threads() - 1)
+            _pool = ThreadPoolExecutor(max_workers=_pool_width, thread_name_prefix="precision")
             _pool_pid = os.getpid()
         return _pool
 
@@ -168,9 +170,9 @@ def run_chunks(numel: int, work: Callable[[int, int], T], *, cost: int = 1) -> l
     chunks = -(-numel // CHUNK_NUMEL)
     bounds = [min(numel, (chunks * i // workers) * CHUNK_NUMEL) for i in range(workers + 1)]
     ranges = [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
-    pool = _threads()
+    pool = _threads(len(ranges) - 1)  # the calling thread takes the first range
     futures = [pool.submit(work, lo, hi) for lo, hi in ranges[1:]]
-    first = work(*ranges[0])  # the calling thread takes a share rather than wait
+    first = work(*ranges[0])
     return [first, *(f.result() for f in futures)]
 
 

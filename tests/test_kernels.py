@@ -198,6 +198,23 @@ def test_concurrent_callers_get_their_own_results(monkeypatch: pytest.MonkeyPatc
 
 
 @needs_numba
+def test_the_thread_pool_widens_with_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every range must run at once: a pool built while torch had fewer threads would queue
+    # some of them, and the barrier would break.
+    _with_geometry(monkeypatch, (4, 16, 32))
+    monkeypatch.setattr(_kernels, "_pool", None)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _kernels.run_chunks(64, lambda lo, hi: hi - lo)
+        torch.set_num_threads(4)
+        together = threading.Barrier(4, timeout=10)
+        assert _kernels.run_chunks(64, lambda lo, hi: together.wait() >= 0) == [True] * 4
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_numba
 def test_accepts_only_cpu_floats(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(_kernels.ENV_SWITCH, "1")
     assert _kernels.accepts(torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16))

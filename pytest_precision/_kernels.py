@@ -76,9 +76,21 @@ def _numba_version() -> str | None:
         return None
 
 
+def _switched_off_by() -> str | None:
+    """The setting that turns the kernels off, if any: :data:`ENV_SWITCH`, or numba's own
+    ``NUMBA_DISABLE_JIT``, under which the kernels would run as Python (and their intrinsics
+    cannot run at all)."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return f"{ENV_SWITCH}=0"
+    numba_off = os.environ.get("NUMBA_DISABLE_JIT", "").strip()
+    if numba_off not in ("", "0"):
+        return f"NUMBA_DISABLE_JIT={numba_off}"
+    return None
+
+
 def enabled() -> bool:
-    """Whether the kernels are installed and not switched off by :data:`ENV_SWITCH`."""
-    return _numba_version() is not None and os.environ.get(ENV_SWITCH, "1") != "0"
+    """Whether the kernels are installed and not switched off."""
+    return _numba_version() is not None and _switched_off_by() is None
 
 
 def describe() -> str:
@@ -86,8 +98,9 @@ def describe() -> str:
     version = _numba_version()
     if version is None:
         return "torch (install pytest-precision[fast] for the numba kernels)"
-    if not enabled():
-        return f"torch ({ENV_SWITCH}=0; numba {version} installed)"
+    switch = _switched_off_by()
+    if switch is not None:
+        return f"torch ({switch}; numba {version} installed)"
     return f"numba {version} kernels"
 
 

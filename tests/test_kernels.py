@@ -274,6 +274,25 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 @needs_numba
+def test_numba_with_its_jit_disabled_leaves_the_metrics_to_torch() -> None:
+    # NUMBA_DISABLE_JIT (numba's debugging switch) would run the kernels as Python, where
+    # their intrinsics cannot run at all.
+    script = """
+import torch
+from pytest_precision import _kernels, compare_tensors, tensor_stats
+assert compare_tensors(torch.ones(3), torch.ones(3) + 0.1).verdict == "fail"
+assert tensor_stats(torch.ones(3)).mean == 1.0
+print(_kernels.describe())
+"""
+    env = {**os.environ, _kernels.ENV_SWITCH: "1", "NUMBA_DISABLE_JIT": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, timeout=120, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("torch (NUMBA_DISABLE_JIT=1; numba ")
+
+
+@needs_numba
 def test_limits_are_exclusive(monkeypatch: pytest.MonkeyPatch) -> None:
     at_limit = ElementRule(((Quantity.REL_ERR, 2.0**-7), (Quantity.ALLCLOSE_EXCESS, 0.0)))
     one = torch.ones(1, dtype=torch.float64)

@@ -76,6 +76,16 @@ def _inverse_ulp(e_abs, ulp):
 
 
 @_jit
+def _element_errors(x, y, ulp):
+    """|x - y|, |y|, the relative error (0 where both are 0) and the error in ULPs of one
+    pair, exactly as the torch pipeline computes them."""
+    d = abs(x - y)
+    y_abs = abs(y)
+    rel = d / y_abs if d != 0.0 else 0.0
+    return d, y_abs, rel, d * _inverse_ulp(y_abs, ulp)
+
+
+@_jit
 def _pick(kind, d, rel, floored, ulp_err, excess):
     if kind == ABS_ERR:
         return d
@@ -106,18 +116,15 @@ def _compare_chunk(a, e, block, ulp, params, kinds, limits, acc, counts, locs, b
         for i in range(np.uint64(lo), np.uint64(hi)):
             x = np.float64(a[i])
             y = np.float64(e[i])
-            d = abs(x - y)
-            y_abs = abs(y)
+            d, y_abs, rel, u = _element_errors(x, y, ulp)
             ae += x * y
             aa += x * x
             ee += y * y
             dd += d * d
             sd += d
-            rel = d / y_abs if d != 0.0 else 0.0
             sr += rel
-            kr = max(kr, _bits_of(rel))
-            u = d * _inverse_ulp(y_abs, ulp)
             su += u
+            kr = max(kr, _bits_of(rel))
             ku = max(ku, _bits_of(u))
             kd = max(kd, _bits_of(d))
             kc = max(kc, _bits_of(d - rtol * y_abs))
@@ -177,18 +184,15 @@ def _masked_block(a, e, lo, hi, ulp, rtol, counts):
             counts[NONFINITE.start + 7] += 1
             continue
         any_finite = True
-        d = abs(x - y)
-        y_abs = abs(y)
+        d, y_abs, rel, u = _element_errors(x, y, ulp)
         ae += x * y
         aa += x * x
         ee += y * y
         dd += d * d
         sd += d
-        rel = d / y_abs if d != 0.0 else 0.0
         sr += rel
-        mr = max(mr, rel)
-        u = d * _inverse_ulp(y_abs, ulp)
         su += u
+        mr = max(mr, rel)
         mu = max(mu, u)
         md = max(md, d)
         mc = max(mc, d - rtol * y_abs)
@@ -210,11 +214,8 @@ def _count_block(a, e, lo, hi, ulp, params, kinds, limits, counts):
         finite = (abs(x) < math.inf) & (abs(y) < math.inf)
         x = x if finite else 0.0
         y = y if finite else 0.0
-        d = abs(x - y)
-        y_abs = abs(y)
-        rel = d / y_abs if d != 0.0 else 0.0
+        d, y_abs, rel, u = _element_errors(x, y, ulp)
         floored = rel if y_abs >= small else d * inv_small  # exact: a power of two
-        u = d * _inverse_ulp(y_abs, ulp)
         excess = d - rtol * y_abs
         over_thousandth += np.int64(rel > THOUSANDTH)
         over_five_thousandth += np.int64(rel > FIVE_THOUSANDTH)

@@ -8,6 +8,10 @@ can count. Per-element values are computed exactly as the torch pipeline compute
 
 Element loops index with unsigned integers: numba's wraparound check for negative indices
 would otherwise keep them from vectorizing (4-5x more instructions per element).
+
+The constants imported from ``_kernels`` are frozen into the compiled code, and numba's disk
+cache only notices changes to this file: after changing one of them there, touch this file (or
+delete ``__pycache__/_numba_kernels.*.nb*``) or the cached kernels keep the old value.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ import pytest
 
 from pytest_precision import _kernels
 
-#: name -> (kernels on?, block, chunk, parallel threshold): "kernels-tiny" makes small inputs
-#: cross blocks, chunks and threads, so hypothesis-sized tensors reach every code path.
+#: name -> (kernels on?, (block, chunk, parallel threshold) or None for the defaults):
+#: "kernels-tiny" makes small inputs cross blocks, chunks and threads, so hypothesis-sized
+#: tensors reach every code path.
 BACKENDS = {
     "torch": (False, None),
     "kernels": (True, None),

@@ -110,34 +110,14 @@ def _compare_chunk(a, e, block, ulp, params, kinds, limits, acc, counts, locs, b
     1 / small_value), ``kinds`` / ``limits`` the rule.
     """
     n = a.size
+    rtol = params[1]
     for lo in range(0, n, block):
         hi = min(lo + block, n)
-        rtol = params[1]
-        ae = aa = ee = dd = sd = sr = su = 0.0
-        # Maxima of values >= 0 as the maxima of their bit patterns (the same order), which
-        # vectorize where float max (with its NaN rules) does not; the excess is floored at 0.
-        kd = kr = ku = kc = 0
-        for i in range(np.uint64(lo), np.uint64(hi)):
-            x = np.float64(a[i])
-            y = np.float64(e[i])
-            d, y_abs, rel, u = _element_errors(x, y, ulp)
-            ae += x * y
-            aa += x * x
-            ee += y * y
-            dd += d * d
-            sd += d
-            sr += rel
-            su += u
-            kr = max(kr, _bits_of(rel))
-            ku = max(ku, _bits_of(u))
-            kd = max(kd, _bits_of(d))
-            kc = max(kc, _bits_of(d - rtol * y_abs))
-        md, mr, mu, mc = _float_of(kd), _float_of(kr), _float_of(ku), _float_of(kc)
+        ae, aa, ee, dd, sd, sr, su, md, mr, mu, mc = _block_sums(a, e, lo, hi, ulp, rtol, False)
         any_finite = True
-        if not math.isfinite(aa + ee):
-            any_finite, ae, aa, ee, dd, sd, sr, su, md, mr, mu, mc = _masked_block(
-                a, e, lo, hi, ulp, rtol, counts
-            )
+        if not math.isfinite(aa + ee):  # a non-finite value (or a float64 overflow)
+            any_finite = _count_non_finite(a, e, lo, hi, counts) < hi - lo
+            ae, aa, ee, dd, sd, sr, su, md, mr, mu, mc = _block_sums(a, e, lo, hi, ulp, rtol, True)
         acc[0] += ae
         acc[1] += aa
         acc[2] += ee
@@ -166,28 +146,22 @@ def _compare_chunk(a, e, block, ulp, params, kinds, limits, acc, counts, locs, b
 
 
 @_jit
-def _masked_block(a, e, lo, hi, ulp, rtol, counts):
-    """A block holding non-finite values: they are counted, then read as zero on both sides
-    (left out of every numeric metric), as in the torch pipeline."""
+def _block_sums(a, e, lo, hi, ulp, rtol, masked):
+    """Sums and maxima of one block. ``masked`` reads pairs with a non-finite side as zero on
+    both sides (left out of every numeric metric, as in the torch pipeline); it is constant
+    in the loop, which LLVM then compiles twice, so the unmasked loop pays nothing for it.
+
+    Maxima of values >= 0 are taken as maxima of their bit patterns (the same order), which
+    vectorize where float max (with its NaN rules) does not; the excess is floored at 0."""
     ae = aa = ee = dd = sd = sr = su = 0.0
-    md = mr = mu = mc = 0.0
-    any_finite = False
+    kd = kr = ku = kc = 0
     for i in range(np.uint64(lo), np.uint64(hi)):
         x = np.float64(a[i])
         y = np.float64(e[i])
-        if not (math.isfinite(x) and math.isfinite(y)):
-            for side, v in ((0, x), (3, y)):
-                if math.isnan(v):
-                    counts[NONFINITE.start + side] += 1
-                elif v == math.inf:
-                    counts[NONFINITE.start + side + 1] += 1
-                elif v == -math.inf:
-                    counts[NONFINITE.start + side + 2] += 1
-            same = x == y or (math.isnan(x) and math.isnan(y))
-            counts[NONFINITE.start + 6] += not same
-            counts[NONFINITE.start + 7] += 1
-            continue
-        any_finite = True
+        if masked:
+            finite = (abs(x) < math.inf) & (abs(y) < math.inf)
+            x = x if finite else 0.0
+            y = y if finite else 0.0
         d, y_abs, rel, u = _element_errors(x, y, ulp)
         ae += x * y
         aa += x * x
@@ -196,11 +170,43 @@ def _masked_block(a, e, lo, hi, ulp, rtol, counts):
         sd += d
         sr += rel
         su += u
-        mr = max(mr, rel)
-        mu = max(mu, u)
-        md = max(md, d)
-        mc = max(mc, d - rtol * y_abs)
-    return any_finite, ae, aa, ee, dd, sd, sr, su, md, mr, mu, mc
+        kr = max(kr, _bits_of(rel))
+        ku = max(ku, _bits_of(u))
+        kd = max(kd, _bits_of(d))
+        kc = max(kc, _bits_of(d - rtol * y_abs))
+    md, mr, mu, mc = _float_of(kd), _float_of(kr), _float_of(ku), _float_of(kc)
+    return ae, aa, ee, dd, sd, sr, su, md, mr, mu, mc
+
+
+@_jit
+def _count_non_finite(a, e, lo, hi, counts):
+    """Count the non-finite values of a block per side and kind, the pairs where they differ
+    (NaN and NaN, or the same infinity, agree), and return how many pairs have one."""
+    pairs = 0
+    for i in range(np.uint64(lo), np.uint64(hi)):
+        x = np.float64(a[i])
+        y = np.float64(e[i])
+        if math.isfinite(x) and math.isfinite(y):
+            continue
+        _count_special(x, counts, NONFINITE.start)
+        _count_special(y, counts, NONFINITE.start + 3)
+        same = x == y or (math.isnan(x) and math.isnan(y))
+        counts[NONFINITE.start + 6] += not same
+        counts[NONFINITE.start + 7] += 1
+        pairs += 1
+    return pairs
+
+
+@_jit
+def _count_special(v, counts, at):
+    """Count a non-finite ``v`` in ``counts[at]`` (NaN), ``[at + 1]`` (+inf) or ``[at + 2]``
+    (-inf)."""
+    if math.isnan(v):
+        counts[at] += 1
+    elif v == math.inf:
+        counts[at + 1] += 1
+    elif v == -math.inf:
+        counts[at + 2] += 1
 
 
 @_jit
@@ -246,37 +252,33 @@ def _stats_chunk(x, bits, sign_mask, block, acc, keys, counts):
     n = x.size
     for lo in range(0, n, block):
         hi = min(lo + block, n)
-        total = squares = 0.0
-        low = keys[0]
-        high = keys[1]
-        for i in range(np.uint64(lo), np.uint64(hi)):
-            v = np.float64(x[i])
-            total += v
-            squares += v * v
-            b = np.int64(bits[i])
-            key = b ^ ((b >> 63) & sign_mask)
-            low = min(low, key)
-            high = max(high, key)
-        if not math.isfinite(total):
-            total = squares = 0.0
-            low = keys[0]
-            high = keys[1]
+        total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, keys, False)
+        if not math.isfinite(total):  # a non-finite value (or a float64 overflow)
             for i in range(np.uint64(lo), np.uint64(hi)):
-                v = np.float64(x[i])
-                if math.isnan(v):
-                    counts[0] += 1
-                elif v == math.inf:
-                    counts[1] += 1
-                elif v == -math.inf:
-                    counts[2] += 1
-                else:
-                    total += v
-                    squares += v * v
-                    b = np.int64(bits[i])
-                    key = b ^ ((b >> 63) & sign_mask)
-                    low = min(low, key)
-                    high = max(high, key)
+                _count_special(np.float64(x[i]), counts, 0)
+            total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, keys, True)
         acc[0] += total
         acc[1] += squares
         keys[0] = low
         keys[1] = high
+
+
+@_jit
+def _stats_block(x, bits, sign_mask, lo, hi, keys, masked):
+    """Sum, sum of squares and the min / max keys (from ``keys``) of one block; ``masked``
+    leaves non-finite values out (constant in the loop: LLVM compiles it twice, so the
+    unmasked loop pays nothing for it)."""
+    total = squares = 0.0
+    low = keys[0]
+    high = keys[1]
+    for i in range(np.uint64(lo), np.uint64(hi)):
+        v = np.float64(x[i])
+        if masked and not abs(v) < math.inf:
+            continue
+        total += v
+        squares += v * v
+        b = np.int64(bits[i])
+        key = b ^ ((b >> 63) & sign_mask)
+        low = min(low, key)
+        high = max(high, key)
+    return total, squares, low, high

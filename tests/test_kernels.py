@@ -340,3 +340,17 @@ def test_without_numba_the_torch_pipeline_runs(monkeypatch: pytest.MonkeyPatch) 
     assert not _kernels.enabled()
     assert "install pytest-precision[fast]" in _kernels.describe()
     assert compare_tensors(torch.ones(3), torch.ones(3) + 1e-9).verdict == "pass"
+
+
+@needs_numba
+def test_a_block_without_finite_pairs_holds_no_maximum(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first block is all NaN (equal on both sides), the second all equal: the maximum
+    # error 0 is at the first finite element, not in the NaN block that reads as zeros.
+    _with_geometry(monkeypatch, (4, 16, 1 << 30))
+    values = torch.tensor([math.nan] * 4 + [1.0, 2.0, 3.0, 4.0])
+    for switch in ("0", "1"):
+        monkeypatch.setenv(_kernels.ENV_SWITCH, switch)
+        m = measure(values, values.clone())
+        assert (m.max_abs_err, m.max_abs_index, m.max_rel_index) == (0.0, (4,), (4,)), switch
+        stats = tensor_stats(values)
+        assert (stats.min, stats.max, stats.nan_count) == (1.0, 4.0, 4), switch

@@ -29,8 +29,8 @@ import torch
 #: Set to ``0`` to use the torch pipeline even where numba is installed.
 ENV_SWITCH = "PYTEST_PRECISION_KERNELS"
 
-#: Elements per kernel call: big enough to amortize a call, small enough that two float32
-#: conversion buffers stay in a core's L2 cache.
+#: Elements per chunk of narrower floats widened for the kernels: big enough to amortize a call,
+#: small enough that the float32 conversion buffers stay in cache.
 CHUNK_NUMEL = 1 << 18
 #: Elements per block inside a call: the unit of the finiteness check and of max locations.
 BLOCK_NUMEL = 4096

@@ -1,9 +1,10 @@
-"""Fixtures shared by the metric tests."""
+"""Fixtures shared by the tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import _pytest.pytester
 import pytest
 
 from pytest_precision import _kernels
@@ -33,3 +34,29 @@ def metrics_backend(request: pytest.FixtureRequest) -> Iterator[str]:
             mp.setattr(_kernels, "CHUNK_NUMEL", chunk)
             mp.setattr(_kernels, "PARALLEL_NUMEL", parallel)
         yield request.param
+
+
+#: Packages whose modules must never be imported twice in one process: torch registers
+#: operator libraries at import time and raises when such a module runs again.
+IMPORT_ONCE = ("torch", "numpy", "numba", "llvmlite")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _in_process_runs_keep_import_once_modules() -> Iterator[None]:
+    """An in-process pytester run deletes every module imported after its snapshot of
+    sys.modules. torch imports some lazily (``torch.testing.assert_close`` pulls in
+    ``torch.distributed.tensor``), and importing those a second time fails, so a test
+    failed or passed depending on which test xdist ran first in its worker. pytester only
+    lets us widen what its snapshots preserve by swapping the snapshot class."""
+    original = _pytest.pytester.SysModulesSnapshot
+
+    class KeepImportOnce(original):  # type: ignore[misc,valid-type]
+        def __init__(self, preserve: Callable[[str], bool] | None = None) -> None:
+            super().__init__(
+                lambda name: name.partition(".")[0] in IMPORT_ONCE
+                or (preserve is not None and preserve(name))
+            )
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_pytest.pytester, "SysModulesSnapshot", KeepImportOnce)
+        yield

@@ -53,8 +53,10 @@ def _in_process_runs_keep_import_once_modules() -> Iterator[None]:
     class KeepImportOnce(original):  # type: ignore[misc,valid-type]
         def __init__(self, preserve: Callable[[str], bool] | None = None) -> None:
             super().__init__(
-                lambda name: name.partition(".")[0] in IMPORT_ONCE
-                or (preserve is not None and preserve(name))
+                lambda name: (
+                    name.partition(".")[0] in IMPORT_ONCE
+                    or (preserve is not None and preserve(name))
+                )
             )
 
     with pytest.MonkeyPatch.context() as mp:

@@ -197,6 +197,43 @@ def test_names_modules_and_parents_follow_the_conventions(tmp_path: Path) -> Non
     assert not {r.op for r in dump} & {"size", "dim", "shape", "dtype", "device"}
 
 
+def test_calls_group_each_calls_records_in_the_order_calls_started(tmp_path: Path) -> None:
+    model = build_tiny_llama(CONFIG)
+    with torch.no_grad(), capture(model, tmp_path, mode="statistics") as cap:
+        model(example_input_ids(CONFIG, seq=4))
+        cap.step()
+        model(example_input_ids(CONFIG, seq=5))
+    dump = read_native_dump(tmp_path)
+    calls = dump.calls
+    assert sum(len(call.records) for call in calls) == len(dump)
+    assert len({(c.step, c.name) for c in calls}) == len(calls)
+    assert [(c.name, c.step) for c in calls[:2]] == [
+        ("Module.TinyLlamaForCausalLM.forward.0", 0),
+        ("Module.model.LlamaModel.forward.0", 0),
+    ]
+    names = [c.name for c in calls if c.step == 0]
+    down = calls[names.index("Module.model.layers.0.mlp.down_proj.Linear.forward.0")]
+    assert [r.slot for r in down.inputs] == ["input.0"]
+    assert [r.slot for r in down.parameters] == ["parameters.weight"]
+    assert [r.slot for r in down.outputs] == ["output.0"]
+    # the linear inside down_proj started after its module and before the next module
+    linear = names.index("Functional.linear.6.forward")
+    assert names[linear - 1] == "Module.model.layers.0.mlp.down_proj.Linear.forward.0"
+    softmax = calls[names.index("Functional.softmax.0.forward")]
+    assert (softmax.kind, softmax.op, softmax.module) == (
+        "Functional",
+        "softmax",
+        "model.layers.0.self_attn",
+    )
+    assert [r.slot for r in softmax.inputs] == [
+        "input.0",
+        "kwargs.dim",
+        "kwargs._stacklevel",
+        "kwargs.dtype",
+    ]
+    assert [c.step for c in calls] == sorted(c.step for c in calls)
+
+
 def test_op_level_keeps_the_enclosing_module_without_parents(tmp_path: Path) -> None:
     model = build_tiny_llama(CONFIG)
     with torch.no_grad(), capture(model, tmp_path, level="op", mode="statistics"):

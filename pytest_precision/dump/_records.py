@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,58 @@ class Record:
         return None if self.loader is None else self.loader()
 
 
+#: Slot prefixes of the values a call received (recorded before it ran) and produced.
+INPUT_SLOTS = ("input", "kwargs")
+OUTPUT_SLOTS = ("output",)
+PARAMETER_SLOTS = ("parameters",)
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    """One recorded call (an op, or a module's forward) with its records in recording order."""
+
+    name: str
+    kind: str
+    op: str
+    module: str | None
+    rank: int
+    step: int
+    records: tuple[Record, ...]
+
+    @property
+    def inputs(self) -> tuple[Record, ...]:
+        """Positional and keyword arguments (``input.*``, ``kwargs.*``), as they were passed."""
+        return self._slots(INPUT_SLOTS)
+
+    @property
+    def outputs(self) -> tuple[Record, ...]:
+        return self._slots(OUTPUT_SLOTS)
+
+    @property
+    def parameters(self) -> tuple[Record, ...]:
+        """A module's own parameters (``parameters.*``); ops have none."""
+        return self._slots(PARAMETER_SLOTS)
+
+    def _slots(self, prefixes: tuple[str, ...]) -> tuple[Record, ...]:
+        return tuple(r for r in self.records if r.slot.partition(".")[0] in prefixes)
+
+
+def group_calls(records: Iterable[Record]) -> list[Call]:
+    """Records grouped into calls, ordered by where each call's first record is.
+
+    A module's records are not contiguous (its inputs come before the ops inside it, its
+    outputs after them), so calls are keyed by rank, step and name, not by adjacency.
+    """
+    grouped: dict[tuple[int, int, str], list[Record]] = {}
+    for record in records:
+        grouped.setdefault((record.rank, record.step, record.name), []).append(record)
+    return [
+        Call(name, first.kind, first.op, first.module, rank, step, tuple(members))
+        for (rank, step, name), members in grouped.items()
+        for first in (members[0],)
+    ]
+
+
 @dataclass
 class Dump:
     """A loaded dump: its records in execution order (rank by rank, step by step)."""
@@ -65,3 +118,8 @@ class Dump:
 
     def __len__(self) -> int:
         return len(self.records)
+
+    @cached_property
+    def calls(self) -> list[Call]:
+        """The records grouped by call (see :func:`group_calls`)."""
+        return group_calls(self.records)

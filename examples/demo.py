@@ -8,15 +8,22 @@ scale 1/d instead of 1/sqrt(d)) and, separately, one corrupted element (a broken
 The plain ratio standard judges one rounding and cannot tell a few ULPs of accumulated noise
 from a bug; the reference standard can: it measures both runs against a float64 computation
 and accepts the target when its error is at most k times the golden run's own error.
+
+Part two localizes: a tiny Llama-style decoder is captured op by op, as the golden (float32),
+as a bfloat16 target (noise everywhere, no culprit) and as a target with one corrupted weight
+element in layer 1; ``compare_dumps`` names the first guilty call, its module and its layer.
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
+from pathlib import Path
 
 import torch
 
-from pytest_precision import assert_close, compare_tensors
+from examples.tiny_llama import build_tiny_llama, example_input_ids
+from pytest_precision import assert_close, capture, compare_dumps, compare_tensors
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, fused: bool) -> torch.Tensor:
@@ -57,6 +64,30 @@ def main() -> None:
             print("   reference standard: FAIL, report:")
             print("\n".join("     " + line for line in str(failure).splitlines()))
         print()
+    localize()
+
+
+def localize() -> None:
+    ids = example_input_ids(seq=8)
+    corrupted = build_tiny_llama()
+    with torch.no_grad():
+        corrupted.model.layers[1].mlp.down_proj.weight[3, 5] += 1.0
+    models = {
+        "golden": build_tiny_llama(),
+        "bf16": build_tiny_llama(dtype=torch.bfloat16),
+        "corrupted weight": corrupted,
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        dumps = {}
+        for name, model in models.items():
+            dumps[name] = Path(folder, name.replace(" ", "-"))
+            with torch.no_grad(), capture(model, dumps[name], level="mix", mode="tensor"):
+                model(ids)
+        for name in ("bf16", "corrupted weight"):
+            print(f"== where did it start? golden float32 vs {name} (compare_dumps)")
+            report = compare_dumps(dumps["golden"], dumps[name]).report(worst=0)
+            print("\n".join("   " + line for line in report.splitlines()[2:]))
+            print()
 
 
 if __name__ == "__main__":

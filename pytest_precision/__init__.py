@@ -14,6 +14,14 @@ from ._version import __version__
 
 if typing.TYPE_CHECKING:
     from ._assertions import Comparison, assert_close
+    from ._compare import (
+        Divergence,
+        DumpComparison,
+        RecordComparison,
+        StatsComparison,
+        UnmatchedCall,
+        compare_dumps,
+    )
     from ._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
     from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
     from ._golden import Golden, assert_close_to_golden
@@ -38,7 +46,9 @@ __all__ = [
     "AllClose",
     "Comparison",
     "DeterminismWarning",
+    "Divergence",
     "Dump",
+    "DumpComparison",
     "DumpFormatError",
     "Exact",
     "Golden",
@@ -48,19 +58,23 @@ __all__ = [
     "Ratio",
     "RatioTier",
     "Record",
+    "RecordComparison",
     "Reference",
     "ReferenceLimit",
     "SeedHandle",
     "Standard",
+    "StatsComparison",
     "TensorComparison",
     "TensorStats",
     "Ulp",
     "UlpLimit",
+    "UnmatchedCall",
     "__version__",
     "assert_close",
     "assert_close_to_golden",
     "assert_deterministic",
     "capture",
+    "compare_dumps",
     "compare_tensors",
     "default_standard",
     "load_dump",
@@ -71,6 +85,14 @@ __all__ = [
 #: Where each lazily imported public name lives (the TYPE_CHECKING imports above, as data).
 _MODULES = {
     "._assertions": ("Comparison", "assert_close"),
+    "._compare": (
+        "Divergence",
+        "DumpComparison",
+        "RecordComparison",
+        "StatsComparison",
+        "UnmatchedCall",
+        "compare_dumps",
+    ),
     "._determinism": ("DeterminismWarning", "SeedHandle", "assert_deterministic", "seed_all"),
     "._errors": ("DumpFormatError", "PrecisionError", "PrecisionInputError", "PrecisionWarning"),
     "._golden": ("Golden", "assert_close_to_golden"),

@@ -456,15 +456,17 @@ def measure(
     rule: ElementRule | None = None,
     *,
     chunk_numel: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> ErrorMetrics:
     """Compute :class:`ErrorMetrics` of two same-shape float tensors on the same device.
 
+    ULP errors are in units of ``dtype`` (default: the lower-precision dtype of the pair).
     CPU floats go through the fused kernels of :mod:`._kernels` where numba is installed;
     everything else (and an explicit ``chunk_numel``) through the torch pipeline. Both read
     the tensors once and then look again at the single block holding each maximum, for its
     index.
     """
-    dtype = lower_precision(actual.dtype, expected.dtype)
+    dtype = dtype or lower_precision(actual.dtype, expected.dtype)
     rule = rule or ElementRule(())
     flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
     kernel_rule = _kernels.fits(len(rule.limits), rule.small_value) and all(

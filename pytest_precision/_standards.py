@@ -488,20 +488,36 @@ def compare_tensors(
     standard. ``reference`` is a float64 computation of the same value, needed by the
     reference standard and reported by every other one.
     """
+    dtype = lower_precision(actual.dtype, expected.dtype)
+    chosen = resolve_standard(standard, dtype, rtol=rtol, atol=atol)
+    return judge_pair(actual, expected, chosen, dtype, reference=reference)
+
+
+def judge_pair(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    standard: Standard,
+    dtype: torch.dtype,
+    *,
+    reference: torch.Tensor | None = None,
+) -> TensorComparison:
+    """:func:`compare_tensors` with the standard and the dtype it judges by already chosen: a
+    dump comparison judges bf16 data that a call upcast to fp32 by the bf16 standard."""
     _check_pair(actual, expected, "expected")
     if reference is not None:
         _check_pair(actual, reference, "reference")
-    dtype = lower_precision(actual.dtype, expected.dtype)
-    chosen = resolve_standard(standard, dtype, rtol=rtol, atol=atol)
-    rule = chosen.rule(dtype)
-    metrics = measure(actual, expected, rule)
+    rule = standard.rule(dtype)
+    metrics = measure(actual, expected, rule, dtype=dtype)
     pair: _ReferencePair | None = None
     if reference is not None:
-        pair = (measure(actual, reference, rule), measure(expected, reference, rule))
-    judgement = chosen.judge(metrics, pair)
+        pair = (
+            measure(actual, reference, rule, dtype=dtype),
+            measure(expected, reference, rule, dtype=dtype),
+        )
+    judgement = standard.judge(metrics, pair)
     return TensorComparison(
         **{f.name: getattr(metrics, f.name) for f in fields(metrics)},
-        standard=chosen,
+        standard=standard,
         verdict=judgement.verdict,
         reason=judgement.reason,
         actual_vs_reference=pair[0] if pair else None,

@@ -4,21 +4,70 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ._errors import PrecisionError
 from ._version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Exit status of every command: 0 success, 2 an error (bad input, unreadable dump);
+    ``compare`` exits 1 when the dumps diverge."""
     parser = argparse.ArgumentParser(
         prog="pytest-precision",
         description="Numerical-precision tools for LLM inference: compare, inspect, replay.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_compare(subparsers)
     _add_inspect(subparsers)
     return parser
+
+
+def _add_compare(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    compare = subparsers.add_parser(
+        "compare",
+        help="compare two dumps and find the first call that went wrong",
+        description="Align the calls of two dumps (native or msprobe), compare every record and "
+        "report the first divergence: the call, its module and layer, and why it is guilty. "
+        "Exit status: 0 no divergence, 1 a divergence, 2 an error.",
+    )
+    compare.add_argument("golden", metavar="GOLDEN", help="the reference dump")
+    compare.add_argument("target", metavar="TARGET", help="the dump under test")
+    compare.add_argument(
+        "--standard",
+        choices=["allclose", "ratio", "ulp", "exact"],
+        help="judge every tensor by this standard (default: per dtype)",
+    )
+    compare.add_argument("--json", metavar="FILE", help="write the whole comparison as JSON")
+    compare.add_argument("--csv", metavar="FILE", help="write one row per record as CSV")
+    compare.add_argument(
+        "--worst", type=int, default=5, metavar="N", help="list the N worst records (default 5)"
+    )
+    compare.set_defaults(handler=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from ._compare import compare_dumps
+
+    progress = _progress_line("comparing calls") if sys.stderr.isatty() else None
+    result = compare_dumps(args.golden, args.target, standard=args.standard, progress=progress)
+    if progress is not None:
+        print(file=sys.stderr)
+    print(result.report(worst=args.worst))
+    if args.json:
+        result.write_json(args.json)
+    if args.csv:
+        result.write_csv(args.csv)
+    return 0 if result.passed else 1
+
+
+def _progress_line(what: str) -> Callable[[int, int], None]:
+    def show(done: int, total: int) -> None:
+        if done == total or done % 64 == 0:
+            print(f"\r{what}: {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    return show
 
 
 def _add_inspect(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except PrecisionError as exc:
         print(f"pytest-precision {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     except BrokenPipeError:  # output piped into `head`: not an error
         sys.stderr.close()
         return 0

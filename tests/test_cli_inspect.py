@@ -83,7 +83,7 @@ def test_plain_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("problem", ["missing", "malformed"])
-def test_bad_dump_is_one_line_and_exit_1(
+def test_bad_dump_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, problem: str
 ) -> None:
     if problem == "malformed":
@@ -93,7 +93,7 @@ def test_bad_dump_is_one_line_and_exit_1(
         tmp_path = tmp_path / "nowhere"
         expected = f"{tmp_path}: no such file or directory"
     code, lines, err = inspect(capsys, str(tmp_path))
-    assert (code, lines) == (1, [])
+    assert (code, lines) == (2, [])
     assert err.count("\n") == 1
     assert err.startswith(f"pytest-precision inspect: error: {expected}")
 
@@ -106,7 +106,7 @@ def test_command_line_has_no_traceback(tmp_path: Path) -> None:
         text=True,
         check=False,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().endswith("entry 'Torch.add.0.forward' is not a JSON object")

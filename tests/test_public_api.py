@@ -8,6 +8,12 @@ import types
 import pytest_precision
 
 EXPECTED = {
+    "Divergence",
+    "DumpComparison",
+    "RecordComparison",
+    "StatsComparison",
+    "UnmatchedCall",
+    "compare_dumps",
     "AllClose",
     "Comparison",
     "DeterminismWarning",

@@ -1,0 +1,1 @@
+"""Reports: a comparison's terminal summary and its JSON / CSV tables."""

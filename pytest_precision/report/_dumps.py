@@ -1,0 +1,134 @@
+"""How a :class:`~pytest_precision._compare.DumpComparison` reads: in a terminal, JSON, CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .._golden_layout import atomic_write
+from .._standards import TensorComparison
+
+if TYPE_CHECKING:
+    from .._compare import Divergence, DumpComparison, RecordComparison
+
+#: How many unmatched call names the summary spells out.
+_SHOWN_UNMATCHED = 3
+
+
+def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
+    """What was compared, the first divergence (or why there is none), the worst records."""
+    lines = [
+        f"golden:  {result.golden.path} ({result.golden.format}, {len(result.golden.calls)} calls)",
+        f"target:  {result.target.path} ({result.target.format}, {len(result.target.calls)} calls)",
+        f"aligned: {result.matched_calls} calls{_unmatched(result)}",
+        f"records: {len(result.records)} compared: "
+        + ", ".join(f"{n} {status}" for status, n in result.counts().items()),
+    ]
+    divergence = result.first_divergence
+    lines += _divergence_lines(divergence) if divergence else [_no_divergence(result)]
+    failing = sorted(
+        (r for r in result.records if r.failed), key=lambda r: r.error_level, reverse=True
+    )
+    if failing and worst > 0:
+        lines.append(f"worst records ({min(worst, len(failing))} of {len(failing)} failing):")
+        lines += [f"  {_record_line(r)}" for r in failing[:worst]]
+    return "\n".join(lines)
+
+
+def _unmatched(result: DumpComparison) -> str:
+    if not result.unmatched:
+        return ""
+    parts = []
+    for side in ("golden", "target"):
+        names = [u.name for u in result.unmatched if u.side == side]
+        if names:
+            shown = ", ".join(names[:_SHOWN_UNMATCHED])
+            extra = len(names) - _SHOWN_UNMATCHED
+            more = f", +{extra} more" if extra > 0 else ""
+            parts.append(f"{len(names)} only in the {side} ({shown}{more})")
+    return "; " + "; ".join(parts)
+
+
+def _divergence_lines(d: Divergence) -> list[str]:
+    where = f"step {d.step} rank {d.rank}"
+    renamed = "" if d.golden_name == d.name else f" (golden: {d.golden_name})"
+    lines = [
+        f"first divergence: {d.name}{renamed}, {where}",
+        f"  module: {d.module or '(top level)'}    layer: {d.layer or '(none)'}",
+        f"  cause:  {d.cause}: {d.reason}",
+    ]
+    if isinstance(d.metrics, TensorComparison):
+        lines.append(f"  metrics: {_tensor_metrics(d.metrics)}")
+    return lines
+
+
+def _no_divergence(result: DumpComparison) -> str:
+    failing = result.counts()["fail"]
+    if not failing:
+        return "no divergence: every record is within the standard"
+    text = (
+        f"no divergence: {failing} record(s) differ beyond the standard, but no call is guilty: "
+        "each carried the drift of its inputs without adding error of its own (noise)"
+    )
+    if result.unverified:
+        text += (
+            f"; {len(result.unverified)} drifting call(s) could not be rerun and were cleared "
+            f"only because they did not amplify their inputs' error (first: {result.unverified[0]})"
+        )
+    return text
+
+
+def _tensor_metrics(m: TensorComparison) -> str:
+    index = "" if m.max_abs_index is None else f" at {tuple(m.max_abs_index)}"
+    return (
+        f"cosine {m.cosine:.6g}, max abs err {m.max_abs_err:.3g}{index}, "
+        f"max rel err {m.max_rel_err:.3g}, RMSE {m.rmse:.3g}, SQNR {m.sqnr_db:.3g} dB"
+    )
+
+
+def _record_line(r: RecordComparison) -> str:
+    module = f" [{r.module}]" if r.module else ""
+    return f"{r.name}.{r.slot}{module}: {r.reason}"
+
+
+def write_dump_comparison_json(result: DumpComparison, path: Path) -> None:
+    """The whole comparison as one JSON document, written atomically."""
+    d = result.first_divergence
+    document = {
+        "golden": str(result.golden.path),
+        "target": str(result.target.path),
+        "passed": result.passed,
+        "counts": result.counts(),
+        "matched_calls": result.matched_calls,
+        "first_divergence": None
+        if d is None
+        else {
+            "name": d.name,
+            "golden_name": d.golden_name,
+            "module": d.module,
+            "layer": d.layer,
+            "rank": d.rank,
+            "step": d.step,
+            "cause": d.cause,
+            "reason": d.reason,
+            "record": d.record.to_dict(),
+        },
+        "unmatched": [vars(u) for u in result.unmatched],
+        "unverified": result.unverified,
+        "records": [r.to_dict() for r in result.records],
+    }
+    atomic_write(path, (json.dumps(document, indent=1) + "\n").encode())
+
+
+def write_dump_comparison_csv(result: DumpComparison, path: Path) -> None:
+    """One row per compared record (spreadsheet-ready), written atomically."""
+    rows = [r.to_dict() for r in result.records]
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(path, buffer.getvalue().encode())

@@ -1,0 +1,364 @@
+"""compare_dumps: alignment, per-record comparison and first-divergence localization, on real
+captures of the tiny Llama with injected bugs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+import examples.tiny_llama as tiny
+from examples.tiny_llama import TinyLlamaConfig, build_tiny_llama, example_input_ids
+from pytest_precision import (
+    DumpComparison,
+    DumpFormatError,
+    PrecisionInputError,
+    TensorComparison,
+    capture,
+    compare_dumps,
+    load_dump,
+)
+from pytest_precision._compare import layer_of
+from pytest_precision.cli import main
+
+CONFIG = TinyLlamaConfig()
+IDS = example_input_ids(CONFIG, seq=8)
+MODES = ["tensor", "statistics"]
+
+
+def _dump(path: Path, model: torch.nn.Module, mode: str, level: str = "mix") -> Path:
+    with torch.no_grad(), capture(model, path, mode=mode, level=level):
+        model(IDS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Capture of the float32 tiny Llama (or a variant) per mode and level, made once."""
+    made: dict[tuple[str, str, str], Path] = {}
+
+    def get(mode: str, level: str = "mix", variant: str = "golden") -> Path:
+        key = (variant, mode, level)
+        if key not in made:
+            path = tmp_path_factory.mktemp(f"{variant}-{mode}-{level}")
+            made[key] = _dump(path / "dump", VARIANTS[variant](), mode, level)
+        return made[key]
+
+    return get
+
+
+def _corrupt_weight() -> torch.nn.Module:
+    model = build_tiny_llama(CONFIG)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[3, 5] += 1.0
+    return model
+
+
+def _scale_bug_in_layer_1() -> torch.nn.Module:
+    model = build_tiny_llama(CONFIG)
+    model.model.layers[1].self_attn.config = CONFIG.with_(attention_scale=0.3)
+    return model
+
+
+VARIANTS: dict[str, Callable[[], torch.nn.Module]] = {
+    "golden": lambda: build_tiny_llama(CONFIG),
+    "bf16": lambda: build_tiny_llama(CONFIG, dtype=torch.bfloat16),
+    "weight": _corrupt_weight,
+    "scale": _scale_bug_in_layer_1,
+}
+
+
+def _chunked_rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """A RoPE bug written with other ops: the halves are swapped the wrong way round."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((second, -first), dim=-1)
+
+
+class _BrokenSoftmax(TorchFunctionMode):
+    """A kernel bug: the second softmax call (layer 1) returns slightly wrong probabilities.
+    Entered outside the capture, so the capture records the wrong output as the op's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Collection[type],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is F.softmax:
+            self.calls += 1
+            if self.calls == 2:
+                out = out * (1 + 0.01 * torch.arange(out.shape[-1], dtype=out.dtype))
+        return out
+
+
+# -- localization ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("level", ["mix", "op", "module"])
+def test_identical_runs_do_not_diverge(dumps: Callable[..., Path], mode: str, level: str) -> None:
+    golden = dumps(mode, level)
+    again = _dump(golden.parent / "again", build_tiny_llama(CONFIG), mode, level)
+    result = compare_dumps(golden, again)
+    assert result.passed
+    assert result.first_divergence is None
+    assert result.unmatched == []
+    assert result.counts()["fail"] == 0
+    assert len(result.records) == len(load_dump(golden))
+    assert "no divergence: every record is within the standard" in result.report()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("level", ["mix", "module"])
+def test_bf16_against_fp32_is_noise(dumps: Callable[..., Path], mode: str, level: str) -> None:
+    result = compare_dumps(dumps(mode, level), dumps(mode, level, "bf16"))
+    assert result.first_divergence is None, result.report()
+    assert result.counts()["fail"] > 0  # differences beyond the standard: carried, not made
+    assert "no call is guilty" in result.report()
+    if mode == "tensor" and level == "mix":
+        # every drifting op was rerun in float64 and cleared; none had to be taken on trust
+        assert result.unverified == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_corrupted_weight_is_the_source(dumps: Callable[..., Path], mode: str) -> None:
+    result = compare_dumps(dumps(mode), dumps(mode, "mix", "weight"))
+    d = result.first_divergence
+    assert d is not None
+    assert (d.cause, d.name, d.record.slot) == (
+        "source",
+        "Functional.linear.13.forward",
+        "input.1",
+    )
+    assert (d.module, d.layer) == ("model.layers.1.mlp.down_proj", "model.layers.1")
+    assert "parameter model.layers.1.mlp.down_proj.weight" in d.reason
+    if mode == "tensor":
+        assert isinstance(d.metrics, TensorComparison)
+        assert d.metrics.max_abs_index == (3, 5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_module_level_names_the_corrupted_parameter(dumps: Callable[..., Path], mode: str) -> None:
+    d = compare_dumps(dumps(mode, "module"), dumps(mode, "module", "weight")).first_divergence
+    assert d is not None
+    assert (d.cause, d.name, d.record.slot) == (
+        "source",
+        "Module.model.layers.1.mlp.down_proj.Linear.forward.0",
+        "parameters.weight",
+    )
+    assert d.reason.startswith("parameter model.layers.1.mlp.down_proj.weight differs")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_wrong_softmax_scale_is_a_differing_constant(
+    dumps: Callable[..., Path], mode: str
+) -> None:
+    d = compare_dumps(dumps(mode), dumps(mode, "mix", "scale")).first_divergence
+    assert d is not None
+    assert (d.cause, d.module, d.record.slot) == ("source", "model.layers.1.self_attn", "input.1")
+    assert d.name.startswith("Tensor.mul.")
+    assert "argument input.1" in d.reason
+    assert "0.3 vs 0.25" in d.reason
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_rope_bug_written_with_other_ops_is_unmatched_code(
+    dumps: Callable[..., Path], mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tiny, "rotate_half", _chunked_rotate_half)
+    target = _dump(tmp_path / "rope", build_tiny_llama(CONFIG), mode)
+    result = compare_dumps(dumps(mode), target)
+    d = result.first_divergence
+    assert d is not None
+    assert (d.cause, d.module, d.layer) == (
+        "unmatched",
+        "model.layers.0.self_attn",
+        "model.layers.0",
+    )
+    assert "Tensor.chunk.0.forward" in d.reason
+    assert {u.side for u in result.unmatched} == {"golden", "target"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_rope_bug_at_module_level_convicts_the_attention(
+    dumps: Callable[..., Path], mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tiny, "rotate_half", _chunked_rotate_half)
+    target = _dump(tmp_path / "rope", build_tiny_llama(CONFIG), mode, "module")
+    d = compare_dumps(dumps(mode, "module"), target).first_divergence
+    assert d is not None
+    assert (d.cause, d.name) == ("output", "Module.model.layers.0.self_attn.Attention.forward.0")
+    assert "inputs match the golden exactly" in d.reason
+
+
+@pytest.mark.parametrize(("mode", "cause"), [("tensor", "rerun"), ("statistics", "output")])
+def test_a_broken_kernel_is_convicted_where_it_runs(
+    dumps: Callable[..., Path], mode: str, cause: str, tmp_path: Path
+) -> None:
+    model = build_tiny_llama(CONFIG)
+    with _BrokenSoftmax(), torch.no_grad(), capture(model, tmp_path / "t", mode=mode):
+        model(IDS)
+    d = compare_dumps(dumps(mode), tmp_path / "t").first_divergence
+    assert d is not None
+    assert (d.cause, d.name) == (cause, "Functional.softmax.1.forward")
+    assert (d.module, d.layer) == ("model.layers.1.self_attn", "model.layers.1")
+    if cause == "rerun":
+        assert "float64 rerun" in d.reason
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_extra_op_shifts_no_names_into_false_differences(
+    dumps: Callable[..., Path], mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forward = tiny.MLP.forward
+
+    def with_extra_op(self: tiny.MLP, x: torch.Tensor) -> torch.Tensor:
+        return forward(self, x * 1.0)
+
+    monkeypatch.setattr(tiny.MLP, "forward", with_extra_op)
+    result = compare_dumps(dumps(mode), _dump(tmp_path / "extra", build_tiny_llama(CONFIG), mode))
+    assert result.passed
+    assert result.counts()["fail"] == 0
+    # one Tensor.mul per layer, and every later Tensor.mul is renumbered, yet aligned
+    assert [(u.side, u.module) for u in result.unmatched] == [
+        ("target", "model.layers.0.mlp"),
+        ("target", "model.layers.1.mlp"),
+    ]
+    assert any(r.name != r.golden_name for r in result.records)
+
+
+def test_statistics_golden_against_tensor_target_compares_statistics(
+    dumps: Callable[..., Path],
+) -> None:
+    result = compare_dumps(dumps("statistics"), dumps("tensor", "mix", "weight"))
+    d = result.first_divergence
+    assert d is not None
+    assert (d.cause, d.name) == ("source", "Functional.linear.13.forward")
+    assert "statistics differ" in d.reason
+
+
+# -- records and reports ---------------------------------------------------------------------------
+
+
+def test_records_pair_every_slot_with_metrics(dumps: Callable[..., Path]) -> None:
+    result = compare_dumps(dumps("tensor"), dumps("tensor", "mix", "bf16"))
+    tensors = [r for r in result.records if isinstance(r.metrics, TensorComparison)]
+    assert tensors
+    weight = next(r for r in result.records if r.slot == "parameters.weight")
+    assert (weight.golden_dtype, weight.target_dtype) == ("float32", "bfloat16")
+    assert weight.status == "pass"  # an fp32 weight rounded to bf16 passes the bf16 standard
+    dtype_args = [r for r in result.records if r.reason.startswith("dtype ")]
+    assert dtype_args
+    assert {r.status for r in dtype_args} == {"warn"}
+    # an fp32 upcast of bf16 data is judged as bf16 data: the call's lowest precision
+    upcasts = [r for r in result.records if r.op == "to" and r.slot == "output.0"]
+    assert any(r.target_dtype == "float32" and r.status == "pass" for r in upcasts)
+
+
+def test_report_json_and_csv(dumps: Callable[..., Path], tmp_path: Path) -> None:
+    result = compare_dumps(dumps("tensor"), dumps("tensor", "mix", "weight"))
+    text = result.report(worst=3)
+    lines = text.splitlines()
+    assert lines[0].startswith("golden:  ")
+    assert "first divergence: Functional.linear.13.forward, step 0 rank 0" in text
+    assert "layer: model.layers.1" in text
+    assert "metrics: cosine" in text
+    assert "worst records (3 of" in text
+    assert len(lines) <= 20
+    result.write_json(tmp_path / "out.json")
+    document = json.loads((tmp_path / "out.json").read_text())
+    assert document["passed"] is False
+    assert document["first_divergence"]["module"] == "model.layers.1.mlp.down_proj"
+    assert len(document["records"]) == len(result.records)
+    result.write_csv(tmp_path / "out.csv")
+    with (tmp_path / "out.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(result.records)
+    assert {"name", "slot", "status", "cosine", "error_level"} <= set(rows[0])
+
+
+def test_progress_is_reported_per_call(dumps: Callable[..., Path]) -> None:
+    seen: list[tuple[int, int]] = []
+    result = compare_dumps(
+        dumps("statistics"), dumps("statistics"), progress=lambda *a: seen.append(a)
+    )
+    total = len(load_dump(dumps("statistics")).calls)
+    assert seen == [(i, total) for i in range(1, total + 1)]
+    assert result.matched_calls == total
+
+
+def test_a_standard_applies_to_every_record(dumps: Callable[..., Path]) -> None:
+    result = compare_dumps(dumps("tensor"), dumps("tensor", "mix", "bf16"), standard="exact")
+    tensors = [r for r in result.records if isinstance(r.metrics, TensorComparison)]
+    assert {r.metrics.standard.name for r in tensors} == {"exact"}  # type: ignore[union-attr]
+
+
+def test_bad_input_is_refused_clearly(dumps: Callable[..., Path], tmp_path: Path) -> None:
+    golden = dumps("statistics")
+    with pytest.raises(PrecisionInputError, match="unknown standard 'close'"):
+        compare_dumps(golden, golden, standard="close")  # type: ignore[arg-type]
+    with pytest.raises(PrecisionInputError, match="reference standard needs a float64"):
+        compare_dumps(golden, golden, standard="reference")
+    with pytest.raises(PrecisionInputError, match="a Dump or a path"):
+        compare_dumps(golden, 3)  # type: ignore[arg-type]
+    with pytest.raises(DumpFormatError, match="no such file or directory"):
+        compare_dumps(golden, tmp_path / "missing")
+
+
+def test_layer_of_module_paths() -> None:
+    assert layer_of("model.layers.12.self_attn.o_proj") == "model.layers.12"
+    assert layer_of("transformer.h.3.attn") == "transformer.h.3"
+    assert layer_of("encoder.layer.0") == "encoder.layer.0"
+    assert layer_of("model.embed_tokens") is None
+    assert layer_of(None) is None
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["compare", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_exit_status_and_files(
+    dumps: Callable[..., Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    golden = str(dumps("statistics"))
+    code, out, _ = _cli(capsys, golden, golden)
+    assert code == 0
+    assert "no divergence" in out
+    json_file, csv_file = tmp_path / "c.json", tmp_path / "c.csv"
+    weight = str(dumps("statistics", "mix", "weight"))
+    args = (golden, weight, "--json", str(json_file), "--csv", str(csv_file), "--worst", "1")
+    code, out, _ = _cli(capsys, *args)
+    assert code == 1
+    assert "first divergence: Functional.linear.13.forward" in out
+    assert "worst records (1 of" in out
+    assert json.loads(json_file.read_text())["first_divergence"]["cause"] == "source"
+    assert csv_file.read_text().startswith("name,golden_name,slot")
+    code, out, err = _cli(capsys, golden, str(tmp_path / "missing"))
+    assert (code, out) == (2, "")
+    assert err.startswith("pytest-precision compare: error: ")
+
+
+def test_dump_comparison_passed_mirrors_first_divergence(dumps: Callable[..., Path]) -> None:
+    result: DumpComparison = compare_dumps(
+        dumps("statistics"), dumps("statistics", "mix", "weight")
+    )
+    assert result.passed is (result.first_divergence is None)
+    assert not result.passed

@@ -108,8 +108,10 @@ class RecordComparison:
         """Relative size of the difference (relative RMS error for tensors), 0 if identical;
         what drift amplification is measured in."""
         if isinstance(self.metrics, TensorComparison):
-            sqnr = self.metrics.sqnr_db
-            return 0.0 if sqnr == math.inf else 10 ** (-sqnr / 20) if math.isfinite(sqnr) else 1.0
+            sqnr = self.metrics.sqnr_db  # +inf when identical, -inf or nan for a zero signal
+            if sqnr == math.inf:
+                return 0.0
+            return 10 ** (-sqnr / 20) if math.isfinite(sqnr) else math.inf
         if isinstance(self.metrics, StatsComparison):
             return self.metrics.error_level
         return 0.0 if self.status in ("pass", "skip") else math.inf
@@ -228,9 +230,9 @@ def compare_dumps(
     """Compare two dumps record by record and localize the first divergence.
 
     Each side is a :class:`Dump` or a path :func:`load_dump` accepts (native, msprobe). Every
-    tensor pair is judged by ``standard`` (default: per dtype, the lower-precision one of the
-    pair); statistics-only records by their statistics. ``progress(done, total)`` is called
-    after each aligned call.
+    tensor pair is judged by ``standard`` (default: the standard of the lowest precision among
+    the call's tensors), statistics-only records by their statistics. ``progress(done, total)``
+    is called after each of the target's calls. See ``docs/compare.md`` for the rules.
     """
     # a bad name fails now, not mid-walk
     if standard is not None and isinstance(resolve_standard(standard, torch.float32), Reference):
@@ -249,23 +251,23 @@ def compare_dumps(
         result.unmatched.extend(_unmatched("golden", golden_only))
         judge = _Judge(standard, [t for _, t in walk])
         for g, t in walk:
-            done += 1
-            if progress is not None:
-                progress(done, total)
             if g is None:
                 result.unmatched.extend(_unmatched("target", [t]))
                 judge.remember_unmatched(t)
-                continue
-            result.matched_calls += 1
-            compared = judge.compare_call(g, t)
-            result.records.extend(compared)
-            if strong is None:
-                found = judge.verdict(g, t, compared)
-                if found is not None and found.cause == "amplification":
-                    suspect = suspect or found
-                elif found is not None:
-                    strong = found
-            judge.remember_outputs(g, t, compared)
+            else:
+                result.matched_calls += 1
+                compared = judge.compare_call(g, t)
+                result.records.extend(compared)
+                if strong is None:
+                    found = judge.verdict(g, t, compared)
+                    if found is not None and found.cause == "amplification":
+                        suspect = suspect or found
+                    elif found is not None:
+                        strong = found
+                judge.remember_outputs(g, t, compared)
+            done += 1
+            if progress is not None:
+                progress(done, total)
         result.unverified.extend(judge.unverified)
     # Amplification is weak evidence: a call whose inputs match and whose output does not,
     # even later, is the better answer.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from pytest_precision import (
 from pytest_precision._compare import layer_of
 from pytest_precision.cli import main
 
+REPO = Path(__file__).resolve().parent.parent
 CONFIG = TinyLlamaConfig()
 IDS = example_input_ids(CONFIG, seq=8)
 MODES = ["tensor", "statistics"]
@@ -362,3 +364,31 @@ def test_dump_comparison_passed_mirrors_first_divergence(dumps: Callable[..., Pa
     )
     assert result.passed is (result.first_divergence is None)
     assert not result.passed
+
+
+def test_msprobe_dumps_compare_and_localize(tmp_path: Path) -> None:
+    """A broken gelu kernel in an msprobe dump: the inputs match, the output does not, and a
+    float64 rerun from the recorded input convicts the op."""
+    golden = REPO / "fixtures" / "msprobe" / "mix_tensor_steps"
+    target = tmp_path / "target"
+    shutil.copytree(golden, target)
+    for pt in target.glob("step0/*/dump_tensor_data/*GELU.forward.0.output.0.pt"):
+        _perturb(pt)
+    for pt in target.glob("step0/*/dump_tensor_data/Functional.gelu.0.forward.output.0.pt"):
+        _perturb(pt)
+    result = compare_dumps(golden, target)
+    d = result.first_divergence
+    assert d is not None
+    assert (d.cause, d.name, d.module, d.step) == (
+        "rerun",
+        "Functional.gelu.0.forward",
+        "block.act",
+        0,
+    )
+    assert result.unmatched == []
+    assert compare_dumps(golden, golden).counts()["fail"] == 0
+
+
+def _perturb(pt: Path) -> None:
+    tensor = torch.load(pt, weights_only=True)
+    torch.save(tensor * 1.05, pt)

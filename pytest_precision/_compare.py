@@ -389,6 +389,8 @@ class _Judge:
         }
         #: drifting calls with failing outputs that could be neither rerun nor convicted
         self.unverified: list[str] = []
+        #: comparisons of stored tensor pairs, by (golden data id, target data id, dtype)
+        self.judged: dict[tuple[str, str, torch.dtype], TensorComparison] = {}
 
     # -- records ---------------------------------------------------------------------------------
 
@@ -424,16 +426,29 @@ class _Judge:
         if g.shape != t.shape:
             return _row(golden, target, t.slot, "fail", f"shape {t.shape} vs {g.shape}", g, t)
         dtype = _judging_dtype(g, t, precision)
-        golden_tensor, target_tensor = g.load(), t.load()
-        if golden_tensor is not None and target_tensor is not None:
+        if g.loader is not None and t.loader is not None:
             try:
-                metrics = self._judge(target_tensor, golden_tensor, dtype)
+                metrics = self._judge_records(g, t, dtype)
             except PrecisionInputError as exc:
                 return _row(golden, target, t.slot, "fail", str(exc), g, t)
             return _row(golden, target, t.slot, metrics.verdict, metrics.reason, g, t, metrics)
         if g.stats is not None and t.stats is not None:
             return self._compare_stats(golden, target, g, t, g.stats, t.stats, dtype)
         return _row(golden, target, t.slot, "skip", "no data or statistics to compare", g, t)
+
+    def _judge_records(self, g: Record, t: Record, dtype: torch.dtype) -> TensorComparison:
+        """Compare the stored tensors, once per pair of stored data: a weight is recorded as a
+        module's parameter and as the input of its op, an activation as a module's output and
+        as the next call's input."""
+        key = None if g.data_id is None or t.data_id is None else (g.data_id, t.data_id, dtype)
+        known = self.judged.get(key) if key is not None else None
+        if known is None:
+            assert g.loader is not None
+            assert t.loader is not None
+            known = self._judge(t.loader(), g.loader(), dtype)
+            if key is not None:
+                self.judged[key] = known
+        return known
 
     def _judge(
         self, actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype

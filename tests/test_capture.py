@@ -234,6 +234,19 @@ def test_calls_group_each_calls_records_in_the_order_calls_started(tmp_path: Pat
     assert [c.step for c in calls] == sorted(c.step for c in calls)
 
 
+def test_records_of_one_stored_tensor_share_a_data_id(tmp_path: Path) -> None:
+    model = build_tiny_llama(CONFIG)
+    with torch.no_grad(), capture(model, tmp_path, mode="tensor"):
+        model(example_input_ids(CONFIG, seq=4))
+    by_key = {r.key: r for r in read_native_dump(tmp_path)}
+    weight = by_key["Module.model.layers.0.mlp.down_proj.Linear.forward.0.parameters.weight"]
+    linear = by_key["Functional.linear.6.forward.input.1"]
+    assert weight.data_id is not None
+    assert weight.data_id == linear.data_id
+    other = by_key["Functional.linear.5.forward.input.1"]  # up_proj's weight
+    assert other.data_id != weight.data_id
+
+
 def test_op_level_keeps_the_enclosing_module_without_parents(tmp_path: Path) -> None:
     model = build_tiny_llama(CONFIG)
     with torch.no_grad(), capture(model, tmp_path, level="op", mode="statistics"):

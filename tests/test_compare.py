@@ -180,9 +180,9 @@ def test_a_wrong_softmax_scale_is_a_differing_constant(
 def test_a_rope_bug_written_with_other_ops_is_unmatched_code(
     dumps: Callable[..., Path], mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    golden = dumps(mode)  # before the bug is patched in
     monkeypatch.setattr(tiny, "rotate_half", _chunked_rotate_half)
-    target = _dump(tmp_path / "rope", build_tiny_llama(CONFIG), mode)
-    result = compare_dumps(dumps(mode), target)
+    result = compare_dumps(golden, _dump(tmp_path / "rope", build_tiny_llama(CONFIG), mode))
     d = result.first_divergence
     assert d is not None
     assert (d.cause, d.module, d.layer) == (
@@ -198,9 +198,10 @@ def test_a_rope_bug_written_with_other_ops_is_unmatched_code(
 def test_a_rope_bug_at_module_level_convicts_the_attention(
     dumps: Callable[..., Path], mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    golden = dumps(mode, "module")  # before the bug is patched in
     monkeypatch.setattr(tiny, "rotate_half", _chunked_rotate_half)
     target = _dump(tmp_path / "rope", build_tiny_llama(CONFIG), mode, "module")
-    d = compare_dumps(dumps(mode, "module"), target).first_divergence
+    d = compare_dumps(golden, target).first_divergence
     assert d is not None
     assert (d.cause, d.name) == ("output", "Module.model.layers.0.self_attn.Attention.forward.0")
     assert "inputs match the golden exactly" in d.reason
@@ -210,10 +211,11 @@ def test_a_rope_bug_at_module_level_convicts_the_attention(
 def test_a_broken_kernel_is_convicted_where_it_runs(
     dumps: Callable[..., Path], mode: str, cause: str, tmp_path: Path
 ) -> None:
+    golden = dumps(mode)  # before the kernel breaks
     model = build_tiny_llama(CONFIG)
     with _BrokenSoftmax(), torch.no_grad(), capture(model, tmp_path / "t", mode=mode):
         model(IDS)
-    d = compare_dumps(dumps(mode), tmp_path / "t").first_divergence
+    d = compare_dumps(golden, tmp_path / "t").first_divergence
     assert d is not None
     assert (d.cause, d.name) == (cause, "Functional.softmax.1.forward")
     assert (d.module, d.layer) == ("model.layers.1.self_attn", "model.layers.1")
@@ -230,8 +232,9 @@ def test_an_extra_op_shifts_no_names_into_false_differences(
     def with_extra_op(self: tiny.MLP, x: torch.Tensor) -> torch.Tensor:
         return forward(self, x * 1.0)
 
+    golden = dumps(mode)  # before the extra op is patched in
     monkeypatch.setattr(tiny.MLP, "forward", with_extra_op)
-    result = compare_dumps(dumps(mode), _dump(tmp_path / "extra", build_tiny_llama(CONFIG), mode))
+    result = compare_dumps(golden, _dump(tmp_path / "extra", build_tiny_llama(CONFIG), mode))
     assert result.passed
     assert result.counts()["fail"] == 0
     # one Tensor.mul per layer, and every later Tensor.mul is renumbered, yet aligned

@@ -327,9 +327,10 @@ def _record(
     shape = entry.get("shape")
     if shape is not None and not _is_shape(shape):
         raise DumpFormatError(where, f"malformed shape {shape!r}")
-    loader = None
+    loader = data_id = None
     if entry.get("data") is not None:
         loader = _loader(entry["data"], dtype, shape, folder, headers, where)
+        data_id = f"{rank}/{entry['data']['shard']}/{entry['data']['key']}"
     return Record(
         name=entry["name"],
         slot=entry["slot"],
@@ -344,6 +345,7 @@ def _record(
         rank=rank,
         step=entry["step"],
         loader=loader,
+        data_id=data_id,
     )
 
 

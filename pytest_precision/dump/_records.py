@@ -37,6 +37,9 @@ class Record:
     loader: Callable[[], torch.Tensor] | None = field(default=None, repr=False)
     #: content checksum recorded by the dumper (msprobe's md5 task stores a CRC32 hex string)
     checksum: str | None = None
+    #: where the data is stored, shared by the records of one stored tensor (a weight recorded
+    #: as a module parameter and as an op input): the same id means the same data
+    data_id: str | None = None
 
     @property
     def key(self) -> str:

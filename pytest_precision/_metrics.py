@@ -92,6 +92,12 @@ def _with_reduction_kernels(chunk: torch.Tensor) -> torch.Tensor:
     return chunk
 
 
+def _positive_zero(value: float) -> float:
+    """-0.0 as 0.0: which zero a min or max of zeros returns depends on the implementation
+    and the order of the elements, and the statistics a dump stores must not."""
+    return 0.0 if value == 0 and isinstance(value, float) else value
+
+
 def tensor_stats(t: torch.Tensor) -> TensorStats:
     """Compute :class:`TensorStats` of ``t`` with float64 accumulation, chunk by chunk."""
     numel = t.numel()  # elements of ``t`` itself, also for complex tensors
@@ -107,8 +113,8 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     if finite_count == 0:
         return TensorStats(math.nan, math.nan, math.nan, math.nan, nan, posinf, neginf, numel)
     return TensorStats(
-        max=hi,
-        min=lo,
+        max=_positive_zero(hi),
+        min=_positive_zero(lo),
         mean=total / finite_count,
         norm=math.sqrt(sq_total),
         nan_count=nan,

@@ -155,6 +155,16 @@ def test_statistics_kernel_matches_the_torch_pipeline(
             assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-300), name
         else:
             assert ours == theirs, name
+            assert math.copysign(1, ours) == math.copysign(1, theirs), f"{name}: sign of zero"
+
+
+@needs_numba
+@pytest.mark.parametrize("zeros", [[0.0, -0.0], [-0.0, 0.0], [-0.0, -0.0]])
+def test_the_statistics_of_zeros_are_positive_zeros(zeros: list[float]) -> None:
+    t = torch.tensor(zeros * 5000)
+    with pytest.MonkeyPatch.context() as mp:
+        for stats in _both(mp, lambda: tensor_stats(t), GEOMETRIES[0]):
+            assert [math.copysign(1, stats.min), math.copysign(1, stats.max)] == [1, 1]
 
 
 @needs_numba

@@ -679,10 +679,9 @@ def _cosine(ae: float, aa: float, ee: float, dd: float) -> float:
         return 1.0
     if aa == 0.0 or ee == 0.0:
         return 1.0 if aa == ee else 0.0
-    norms = math.sqrt(aa * ee)
-    if not 0.0 < norms < math.inf:  # the product over- or underflowed
-        norms = math.sqrt(aa) * math.sqrt(ee)
-    cosine = ae / norms
+    # two roots, not the root of the product: aa * ee under- or overflows (even only into the
+    # subnormals, losing digits) long before either sum does
+    cosine = ae / (math.sqrt(aa) * math.sqrt(ee))
     if not math.isfinite(cosine):  # float64 sums overflowed: no honest value
         return math.nan
     return max(-1.0, min(1.0, cosine))

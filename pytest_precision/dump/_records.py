@@ -37,6 +37,9 @@ class Record:
     loader: Callable[[], torch.Tensor] | None = field(default=None, repr=False)
     #: content checksum recorded by the dumper (msprobe's md5 task stores a CRC32 hex string)
     checksum: str | None = None
+    #: the strides the tensor had when recorded, when it was not contiguous (data is stored
+    #: contiguous; replay restores the layout, which can change an op's last bits)
+    stride: tuple[int, ...] | None = None
 
     @property
     def key(self) -> str:

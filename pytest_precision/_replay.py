@@ -9,11 +9,11 @@ See ``docs/replay.md`` for the mapping and for what cannot be replayed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import operator
 import re
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -140,13 +140,15 @@ def _attribute(owner: Any, name: str) -> Any:
 _TORCH_SUBMODULES = {"linalg_": "linalg", "special_": "special", "fft_": "fft"}
 
 
-def _torch_function(op: str) -> Any:
+def _torch_function(op: str, call: Call) -> Any:
     found = _attribute(torch, op)
     if found is not None:
         return found
     for prefix, submodule in _TORCH_SUBMODULES.items():
         if op.startswith(prefix):
             return _attribute(getattr(torch, submodule), op.removeprefix(prefix))
+    if op.startswith("npu_"):  # a torch_npu function seen by capture's torch-function mode
+        return _npu_op(op, call)
     return None
 
 
@@ -182,7 +184,7 @@ def _npu_op(op: str, call: Call) -> Any:
 #: How each kind of call name maps to a callable; None when the name is unknown.
 _FINDERS: dict[str, Callable[[str, Call], Any]] = {
     "Functional": lambda op, call: _attribute(F, op),
-    "Torch": lambda op, call: _torch_function(op),
+    "Torch": _torch_function,
     "Tensor": lambda op, call: _tensor_method(op),
     "Aten": lambda op, call: _aten_op(op),
     "VF": lambda op, call: _attribute(torch._VF, op),
@@ -211,7 +213,7 @@ def resolve_op(call: Call) -> Callable[..., Any]:
     _refuse_by_name(call)
     assert finder is not None  # Distributed was refused above
     found = finder(call.op, call)
-    if found is None or not callable(found):
+    if found is None or not callable(found) or inspect.isclass(found):
         raise NotReplayable(
             f"{call.name}: no {call.kind} op {call.op!r} in this torch ({torch.__version__})"
         )
@@ -255,7 +257,8 @@ def _argument(
         shape = "" if record.shape is None else f" {list(record.shape)}"
         raise NotReplayable(
             f"{call.name}: {record.slot} ({record.dtype}{shape}) has no tensor data: the dump "
-            "holds statistics only (capture with mode='tensor' to replay)"
+            "holds statistics only (replay needs a dump of tensors: capture mode='tensor', "
+            "msprobe task 'tensor')"
         )
     if record.stride is not None:
         tensor = _in_recorded_order(tensor, record.stride)
@@ -406,7 +409,7 @@ def recompute(
     if dtype is not None:
         args, kwargs = _at_precision(args, dtype), _at_precision(kwargs, dtype)
         if call.kind == "Tensor" and call.op in _FLOAT_CASTS:
-            func = types.MethodType(_cast_to, dtype)
+            func = functools.partial(_cast_to, dtype)
     args, kwargs = _on_device(call, args, kwargs, target)
     try:
         with torch.no_grad():

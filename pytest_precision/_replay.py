@@ -273,11 +273,15 @@ def _in_recorded_order(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.T
     return tensor.permute(order).contiguous().permute(inverse)
 
 
-def _slot_tree(call: Call, convert: Callable[[torch.Tensor], torch.Tensor] | None) -> dict:
+def _slot_tree(
+    call: Call, convert: Callable[[torch.Tensor], torch.Tensor] | None
+) -> dict[str, Any]:
     """``{"input": {"0": leaf, "1": {"0": leaf, ...}}, "kwargs": {...}}`` from dotted slots."""
     tree: dict[str, Any] = {}
     for record in call.inputs:
         *path, last = record.slot.split(".")
+        if not path:
+            raise NotReplayable(f"{call.name}: slot {record.slot} names no argument")
         node = tree
         for key in path:
             node = node.setdefault(key, {})
@@ -299,6 +303,8 @@ def _build(call: Call, node: Any, where: str) -> Any:
 
 
 def _numbered(call: Call, node: dict[str, Any], where: str) -> list[tuple[int, Any]]:
+    if not all(key.isdigit() for key in node):
+        raise NotReplayable(f"{call.name}: {where}.* slots are not numbered: {sorted(node)}")
     items = sorted((int(key), item) for key, item in node.items())
     missing = sorted(set(range(len(items))) - {i for i, _ in items})
     if missing:
@@ -316,11 +322,8 @@ def rebuild_arguments(
     -> dict), recorded values decoded (dtype strings -> ``torch.dtype``). Raises NotReplayable
     when a tensor has no data (statistics-only dump) or slots are missing."""
     tree = _slot_tree(call, convert)
-    positional = tree.get("input", {})
-    if isinstance(positional, _Leaf):  # msprobe's single "input" of a backward call
-        positional = {"0": positional}
-    args = tuple(item for _, item in _numbered(call, positional, "input"))
-    args = tuple(_build(call, item, f"input.{i}") for i, item in enumerate(args))
+    positional = _numbered(call, tree.get("input", {}), "input")
+    args = tuple(_build(call, item, f"input.{i}") for i, item in positional)
     kwargs = {
         key: _build(call, item, f"kwargs.{key}") for key, item in tree.get("kwargs", {}).items()
     }
@@ -361,9 +364,9 @@ def _on_device(
 def _check_outputs(call: Call, outputs: dict[str, torch.Tensor]) -> None:
     """The rerun's tensors sit in the recorded slots with the recorded shapes; anything else
     means the arguments were not rebuilt the way the op received them."""
-    recorded = {r.slot: r.shape for r in call.outputs if r.is_tensor}
     if not call.outputs:
         return  # nothing recorded to pair with (the call raised during capture)
+    recorded = {r.slot: r.shape for r in call.outputs if r.is_tensor}
     if recorded.keys() != outputs.keys():
         raise NotReplayable(
             f"{call.name}: the rerun gave tensors in {sorted(outputs) or 'no slot'}, the dump "

@@ -340,6 +340,8 @@ def test_rebuilt_arguments() -> None:
         ({"input.0": 1, "input.2": 2}, r"incomplete arguments: input\.1 is not in the dump"),
         ({"input.0.0": 1, "input.0.2": 2}, r"input\.0\.1 is not in the dump"),
         ({"input.0": 1, "input.0.1": 2}, "nests inside a value"),
+        ({"input.0": 1, "input.x": 2}, r"input\.\* slots are not numbered"),
+        ({"input": 1}, "slot input names no argument"),
     ],
 )
 def test_incomplete_slots(slots: dict[str, Any], reason: str) -> None:

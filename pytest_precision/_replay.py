@@ -266,11 +266,16 @@ def _argument(
 
 
 def _in_recorded_order(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
-    """The (contiguous) recorded data laid out with its dimensions in the recorded memory order:
-    a transposed operand is transposed again, as kernels choose their path by layout."""
+    """The (contiguous) recorded data laid out like the recorded tensor: dimensions in the
+    recorded memory order (a transposed operand is transposed again) and broadcast dimensions
+    (stride 0) expanded again, as kernels choose their path by layout."""
+    base = tensor
+    for dim, (size, step) in enumerate(zip(tensor.shape, stride, strict=True)):
+        if step == 0 and size > 1:  # every slice along it is the same: keep one
+            base = base.narrow(dim, 0, 1)
     order = sorted(range(tensor.dim()), key=lambda d: -stride[d])
     inverse = sorted(range(tensor.dim()), key=order.__getitem__)
-    return tensor.permute(order).contiguous().permute(inverse)
+    return base.permute(order).contiguous().permute(inverse).expand(tensor.shape)
 
 
 def _slot_tree(

@@ -17,6 +17,7 @@ from examples.tiny_llama import TinyLlamaConfig, build_tiny_llama, example_input
 from pytest_precision import PrecisionError, PrecisionInputError, capture, load_dump
 from pytest_precision._replay import NotReplayable, rebuild_arguments, recompute, resolve_op
 from pytest_precision.dump import Dump
+from pytest_precision.dump._msprobe import _parse_name
 from pytest_precision.dump._records import Call, Record
 from pytest_precision.dump._safe_io import dtype_name
 
@@ -36,8 +37,9 @@ def _ops(dump: Dump) -> dict[str, Call]:
     return {call.name: call for call in dump.calls if call.kind != "Module"}
 
 
-def _call(name: str, kind: str, op: str, values: dict[str, Any]) -> Call:
+def _call(name: str, values: dict[str, Any]) -> Call:
     """A call built by hand, as a reader would give it: tensors are loaded fresh each time."""
+    kind, op, _ = _parse_name(name)
 
     def record(slot: str, value: Any) -> Record:
         if not isinstance(value, torch.Tensor):
@@ -102,13 +104,36 @@ def test_layout_is_restored(tmp_path: Path) -> None:
         _Lambda(lambda q, k: torch.matmul(q, k.transpose(-1, -2))), tmp_path, q, k
     )
     call = _ops(dump)["Torch.matmul.0.forward"]
-    operand = call.inputs[1]
-    assert operand.stride == (512, 128, 1, 16)
+    assert call.inputs[0].stride is None  # contiguous: nothing to restore
+    assert call.inputs[1].stride == (512, 128, 1, 16)
     (rebuilt_q, rebuilt_k), _ = rebuild_arguments(call)
     assert rebuilt_k.stride() == k.transpose(-1, -2).stride()
     assert_bitwise_equal(recompute(call, dtype=None)["output.0"], output)
     # the contiguous copy takes another kernel path: this is why the layout matters
     assert not torch.equal(torch.matmul(rebuilt_q, rebuilt_k.contiguous()), output)
+
+
+#: views -> the strides replay lays their recorded data out with: the recorded dimension order,
+#: broadcast dimensions expanded again, gaps (of a strided slice) closed
+LAYOUTS = [
+    (lambda x: x.transpose(0, 2), (1, 4, 12)),
+    (lambda x: x[:, :, 0].unsqueeze(1).expand(2, 4, 3), (3, 0, 1)),
+    (lambda x: x.permute(1, 2, 0)[::2], (4, 1, 8)),
+    (lambda x: x[0].unsqueeze(0).expand(5, 3, 4).transpose(-1, -2), (0, 1, 4)),
+]
+
+
+@pytest.mark.parametrize(("view", "rebuilt_stride"), LAYOUTS)
+def test_rebuilt_tensors_keep_the_recorded_layout(
+    tmp_path: Path, view: Callable[[torch.Tensor], torch.Tensor], rebuilt_stride: tuple[int, ...]
+) -> None:
+    recorded = view(torch.randn(2, 3, 4))
+    dump, _ = _capture(_Lambda(lambda t: t.neg()), tmp_path, recorded)
+    (call,) = _ops(dump).values()
+    assert call.inputs[0].stride == recorded.stride()
+    (rebuilt,), _ = rebuild_arguments(call)
+    assert rebuilt.stride() == rebuilt_stride
+    assert_bitwise_equal(rebuilt, recorded)
 
 
 # -- 2. float64 reruns ----------------------------------------------------------------------------
@@ -161,7 +186,7 @@ def test_softmax_dtype_argument_runs_in_float64(tmp_path: Path) -> None:
 
 
 def test_recompute_refuses_a_non_floating_dtype() -> None:
-    call = _call("Torch.neg.0.forward", "Torch", "neg", {"input.0": torch.ones(2)})
+    call = _call("Torch.neg.0.forward", {"input.0": torch.ones(2)})
     with pytest.raises(PrecisionInputError, match="floating"):
         recompute(call, dtype=torch.int64)
 
@@ -258,27 +283,27 @@ def test_module_call_is_not_replayable(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "kind", "op", "reason"),
+    ("name", "reason"),
     [
-        ("Torch.no_such_op.0.forward", "Torch", "no_such_op", "no Torch op 'no_such_op'"),
-        ("Tensor.no_such_op.0.forward", "Tensor", "no_such_op", "no Tensor op"),
-        ("Functional.__class__.0.forward", "Functional", "__class__", "no Functional op"),
-        ("Torch.os.system.0.forward", "Torch", "os.system", "no Torch op"),
-        ("Torch.Tensor.0.forward", "Torch", "Tensor", "no Torch op"),
-        ("Aten.no_such_op.default.0.forward", "Aten", "no_such_op.default", "no Aten op"),
-        ("Jit.foo.0.forward", "Jit", "foo", "kind 'Jit' cannot be replayed"),
-        ("Torch.randn.0.forward", "Torch", "randn", "random op"),
-        ("Tensor.normal_.0.forward", "Tensor", "normal_", "random op"),
-        ("Torch.multinomial.0.forward", "Torch", "multinomial", "random op"),
-        ("Aten.empty.memory_format.0.forward", "Aten", "empty.memory_format", "uninitialized"),
-        ("Tensor.new_empty_strided.0.forward", "Tensor", "new_empty_strided", "uninitialized"),
-        ("Distributed.all_reduce.0.forward", "Distributed", "all_reduce", "communication"),
-        ("Torch.all_gather.0.forward", "Torch", "all_gather", "communication"),
-        ("Functional.linear.0.backward", "Functional", "linear", "backward"),
+        ("Torch.no_such_op.0.forward", "no Torch op 'no_such_op'"),
+        ("Tensor.no_such_op.0.forward", "no Tensor op"),
+        ("Functional.__class__.0.forward", "no Functional op"),
+        ("Torch.os.system.0.forward", "no Torch op"),
+        ("Torch.Tensor.0.forward", "no Torch op"),
+        ("Aten.no_such_op.default.0.forward", "no Aten op"),
+        ("Jit.foo.0.forward", "kind 'Jit' cannot be replayed"),
+        ("Torch.randn.0.forward", "random op"),
+        ("Tensor.normal_.0.forward", "random op"),
+        ("Torch.multinomial.0.forward", "random op"),
+        ("Aten.empty.memory_format.0.forward", "uninitialized"),
+        ("Tensor.new_empty_strided.0.forward", "uninitialized"),
+        ("Distributed.all_reduce.0.forward", "communication"),
+        ("Torch.all_gather.0.forward", "communication"),
+        ("Functional.linear.0.backward", "backward"),
     ],
 )
-def test_not_replayable_names(name: str, kind: str, op: str, reason: str) -> None:
-    call = _call(name, kind, op, {"input.0": torch.ones(2)})
+def test_not_replayable_names(name: str, reason: str) -> None:
+    call = _call(name, {"input.0": torch.ones(2)})
     with pytest.raises(NotReplayable, match=reason) as excinfo:
         resolve_op(call)
     assert isinstance(excinfo.value, PrecisionError)
@@ -287,9 +312,7 @@ def test_not_replayable_names(name: str, kind: str, op: str, reason: str) -> Non
 
 def test_dropout_without_training_flag_is_random() -> None:
     """F.dropout trains by default: absent the flag, a rerun draws a new mask."""
-    call = _call(
-        "Functional.dropout.0.forward", "Functional", "dropout", {"input.0": torch.ones(2)}
-    )
+    call = _call("Functional.dropout.0.forward", {"input.0": torch.ones(2)})
     with pytest.raises(NotReplayable, match="training=True"):
         resolve_op(call)
 
@@ -298,13 +321,11 @@ def test_aten_and_overloads_resolve() -> None:
     a, b = torch.randn(3), torch.randn(3)
     call = _call(
         "Aten.add.Tensor.0.forward",
-        "Aten",
-        "add.Tensor",
         {"input.0": a, "input.1": b, "kwargs.alpha": 2, "output.0": a + 2 * b},
     )
     assert resolve_op(call) is torch.ops.aten.add.Tensor
     assert_bitwise_equal(recompute(call, dtype=None)["output.0"], a + 2 * b)
-    packet = _call("Aten.mm.0.forward", "Aten", "mm", {})
+    packet = _call("Aten.mm.0.forward", {})
     assert resolve_op(packet) is torch.ops.aten.mm
 
 
@@ -312,8 +333,6 @@ def test_rebuilt_arguments() -> None:
     a, b = torch.randn(2), torch.arange(2)
     call = _call(
         "Torch.cat.0.forward",
-        "Torch",
-        "cat",
         {
             "input.0.0": a,
             "input.0.1": b,
@@ -345,7 +364,7 @@ def test_rebuilt_arguments() -> None:
     ],
 )
 def test_incomplete_slots(slots: dict[str, Any], reason: str) -> None:
-    call = _call("Torch.cat.0.forward", "Torch", "cat", slots)
+    call = _call("Torch.cat.0.forward", slots)
     with pytest.raises(NotReplayable, match=reason):
         rebuild_arguments(call)
 
@@ -353,8 +372,6 @@ def test_incomplete_slots(slots: dict[str, Any], reason: str) -> None:
 def test_op_that_raises_is_not_replayable() -> None:
     call = _call(
         "Torch.matmul.0.forward",
-        "Torch",
-        "matmul",
         {"input.0": torch.ones(2, 3), "input.1": torch.ones(2, 3)},
     )
     with pytest.raises(
@@ -406,19 +423,15 @@ def test_npu_op_is_looked_up_at_call_time(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert seen[0][0].dtype == torch.float64
     assert torch.equal(reran["output.0"], torch.full((2, 8), 7.0, dtype=torch.float64))
 
-    msprobe_name = _call("NPU.npu_rms_norm.0.forward", "NPU", "npu_rms_norm", {})
+    msprobe_name = _call("NPU.npu_rms_norm.0.forward", {})
     assert resolve_op(msprobe_name) is patched
 
 
 def test_npu_op_without_torch_npu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch_npu", None)  # import torch_npu raises ImportError
-    for name, kind in (
-        ("NPU.npu_fusion_attention.0.forward", "NPU"),
-        ("Torch.npu_rms_norm.0.forward", "Torch"),
-    ):
-        op = name.split(".")[1]
+    for name in ("NPU.npu_fusion_attention.0.forward", "Torch.npu_rms_norm.0.forward"):
         with pytest.raises(NotReplayable, match="needs torch_npu, which cannot be imported"):
-            resolve_op(_call(name, kind, op, {}))
+            resolve_op(_call(name, {}))
 
 
 # -- 4. msprobe dumps ------------------------------------------------------------------------------
@@ -496,7 +509,7 @@ def test_inplace_op_gives_the_post_op_value_and_leaves_inputs_alone(tmp_path: Pa
 def test_inplace_dunder_reruns_on_a_copy() -> None:
     """msprobe names ``y += 1`` ``Tensor.__iadd__``; it writes into its first argument."""
     y = torch.randn(4)
-    call = _call("Tensor.__iadd__.0.forward", "Tensor", "__iadd__", {"input.0": y, "input.1": 1.5})
+    call = _call("Tensor.__iadd__.0.forward", {"input.0": y, "input.1": 1.5})
     assert resolve_op(call) is torch.Tensor.__iadd__
     seen: list[torch.Tensor] = []
     loaded = call.inputs[0].loader

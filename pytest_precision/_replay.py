@@ -40,21 +40,14 @@ _RANDOM = frozenset({
     "rrelu_with_noise",
 })
 # fmt: on
-#: Ops that are random only when training: name -> (position of the flag, default when absent).
+#: Ops that are random only when training: name -> (position of the flag, its default in
+#: ``torch.nn.functional``; the ``torch.*`` and aten forms require it).
 _RANDOM_WHEN_TRAINING = {
     **dict.fromkeys(
-        (
-            "dropout",
-            "dropout1d",
-            "dropout2d",
-            "dropout3d",
-            "alpha_dropout",
-            "feature_dropout",
-            "feature_alpha_dropout",
-            "native_dropout",
-        ),
+        ("dropout", "dropout1d", "dropout2d", "dropout3d", "feature_dropout", "native_dropout"),
         (2, True),
     ),
+    **dict.fromkeys(("alpha_dropout", "feature_alpha_dropout"), (2, False)),
     "rrelu": (3, False),
 }
 #: Ops whose output is uninitialized memory (or partly: ``resize_`` growing a tensor).

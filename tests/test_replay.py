@@ -207,6 +207,7 @@ def _assorted(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (
         F.dropout(x, 0.5, training=True),
         F.dropout(x, 0.5, training=False),
+        F.alpha_dropout(x, 0.5),
         torch.rand_like(x),
         torch.empty_like(x),
         x.new_empty(3),
@@ -259,6 +260,7 @@ def test_assorted_ops(tmp_path: Path) -> None:
     assert resolve_op(calls["Torch.special_expit.0.forward"]) is torch.special.expit
     assert resolve_op(calls["Tensor.__rsub__.0.forward"]) is torch.Tensor.__rsub__
     assert resolve_op(calls["Functional.dropout.1.forward"]) is F.dropout  # training=False
+    assert resolve_op(calls["Functional.alpha_dropout.0.forward"]) is F.alpha_dropout  # default
 
 
 def test_statistics_only_dump_names_the_missing_data(tmp_path: Path) -> None:

@@ -252,6 +252,7 @@ def _truncate_shard_and_its_size(dump: Path) -> None:
         (lambda d: _edit_first_record(d, stats={"$bogus": 1}), "records.jsonl:1", "statistics"),
         (lambda d: _edit_first_record(d, shape=[-1, -16]), "records.jsonl:1", "malformed shape"),
         (lambda d: _edit_first_record(d, shape=5), "records.jsonl:1", "malformed shape"),
+        (lambda d: _edit_first_record(d, stride=[1]), "records.jsonl:1", "malformed stride"),
         (
             lambda d: (d / "rank0" / "records.jsonl").write_bytes(b"\xff\n"),
             "records.jsonl",

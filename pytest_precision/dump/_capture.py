@@ -11,14 +11,13 @@ regular path at the op and mix levels, which may change the last bits; capture w
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import functools
 import itertools
 import re
 import sys
 import warnings
-from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError, PrecisionWarning
+from ._leaves import has_tensor, input_leaves, output_leaves
 from ._native import encode_value, json_members, json_text
 from ._recorded import RecordedTensors
 from ._safe_io import dtype_name
@@ -103,61 +103,6 @@ def _op_info(func: Any) -> _OpInfo:
         return _classify(func)
 
 
-# -- walking values --------------------------------------------------------------------------------
-
-#: Types of values that never hold tensors: no need to look inside them.
-_ATOMS = frozenset({type(None), bool, int, float, complex, str, torch.dtype, torch.device})
-
-
-def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
-    """(key, item) pairs of a container (tuple, list, mapping, dataclass), None otherwise."""
-    if isinstance(value, (tuple, list)):
-        return ((str(i), item) for i, item in enumerate(value))
-    if isinstance(value, Mapping):
-        return ((str(k), item) for k, item in value.items())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
-    return None
-
-
-def _has_tensor(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if type(value) in _ATOMS:
-        return False
-    items = _items(value)
-    return items is not None and any(_has_tensor(item) for _, item in items)
-
-
-def _add_leaves(leaves: list[tuple[str, Any]], slot: str, value: Any) -> None:
-    """Append (slot, leaf) pairs: containers holding tensors are opened, anything else is a leaf."""
-    items = None if isinstance(value, torch.Tensor) or not _has_tensor(value) else _items(value)
-    if items is None:
-        leaves.append((slot, value))
-        return
-    for key, item in items:
-        _add_leaves(leaves, f"{slot}.{key}", item)
-
-
-def _input_leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
-    leaves: list[tuple[str, Any]] = []
-    for index, arg in enumerate(args):
-        if isinstance(arg, torch.Tensor):  # the usual case, without a look inside
-            leaves.append((f"input.{index}", arg))
-        else:
-            _add_leaves(leaves, f"input.{index}", arg)
-    for key, arg in kwargs.items():
-        _add_leaves(leaves, f"kwargs.{key}", arg)
-    return leaves
-
-
-def _output_leaves(output: Any) -> list[tuple[str, Any]]:
-    leaves: list[tuple[str, Any]] = []
-    for index, item in enumerate(output if isinstance(output, tuple) else (output,)):
-        _add_leaves(leaves, f"output.{index}", item)
-    return leaves
-
-
 def _private_copy(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU copy that later in-place ops cannot change."""
     t = t.detach().resolve_conj().resolve_neg()
@@ -216,18 +161,18 @@ class _OpMode(TorchFunctionMode):
         info = _op_info(func)
         if info.metadata:
             output = func(*args, **kwargs)
-            if _has_tensor(output):  # a property such as .T
+            if has_tensor(output):  # a property such as .T
                 head = capture._op_head(info)
                 if head is not None:
-                    capture._record_values(head, _input_leaves(args, kwargs))
-                    capture._record_values(head, _output_leaves(output))
+                    capture._record_values(head, input_leaves(args, kwargs))
+                    capture._record_values(head, output_leaves(output))
             return output
         head = capture._op_head(info)
         if head is None:
             return func(*args, **kwargs)
-        capture._record_values(head, _input_leaves(args, kwargs))  # before the call: in-place ops
+        capture._record_values(head, input_leaves(args, kwargs))  # before the call: in-place ops
         output = func(*args, **kwargs)
-        capture._record_values(head, _output_leaves(output))
+        capture._record_values(head, output_leaves(output))
         return output
 
 
@@ -341,7 +286,7 @@ class Capture:
             if self.level == "op" or not self._recording or not self._keep(name, path):
                 return
             head = self._head(name, "Module", cls, path, parent)
-            self._record_values(head, _input_leaves(args, kwargs))
+            self._record_values(head, input_leaves(args, kwargs))
             params = module.named_parameters(recurse=False)
             self._record_values(head, [(f"parameters.{n}", p) for n, p in params])
 
@@ -364,7 +309,7 @@ class Capture:
             if self._keep(name, path):
                 parent = self._stack[-1][0] if self._stack else None
                 head = self._head(name, "Module", type(module).__name__, path, parent)
-                self._record_values(head, _output_leaves(output))
+                self._record_values(head, output_leaves(output))
 
         return hook
 
@@ -412,6 +357,8 @@ class Capture:
     def _record_tensor(self, writer: DumpWriter, members: str, t: torch.Tensor) -> None:
         shape = _json_shape(t.shape)
         members = f'{members},"dtype":{_json_dtype(t.dtype)},"shape":{shape},"value":null'
+        if t.layout is torch.strided and not t.is_contiguous():  # data is stored contiguous
+            members = f'{members},"stride":{json_text(t.stride())}'
         step = self.step_index
         if t.layout is not torch.strided or t.is_quantized or t.is_meta:
             writer.add_encoded(members, step)  # no dense data to summarize or store

@@ -327,6 +327,9 @@ def _record(
     shape = entry.get("shape")
     if shape is not None and not _is_shape(shape):
         raise DumpFormatError(where, f"malformed shape {shape!r}")
+    stride = entry.get("stride")
+    if stride is not None and (shape is None or not _is_shape(stride) or len(stride) != len(shape)):
+        raise DumpFormatError(where, f"malformed stride {stride!r}")
     loader = data_id = None
     if entry.get("data") is not None:
         loader = _loader(entry["data"], dtype, shape, folder, headers, where)
@@ -346,6 +349,7 @@ def _record(
         step=entry["step"],
         loader=loader,
         data_id=data_id,
+        stride=None if stride is None else tuple(stride),
     )
 
 

@@ -40,6 +40,9 @@ class Record:
     #: where the data is stored, shared by the records of one stored tensor (a weight recorded
     #: as a module parameter and as an op input): the same id means the same data
     data_id: str | None = None
+    #: the strides the tensor had when recorded, when it was not contiguous (data is stored
+    #: contiguous; replay restores the layout, which can change an op's last bits)
+    stride: tuple[int, ...] | None = None
 
     @property
     def key(self) -> str:

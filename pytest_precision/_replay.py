@@ -1,0 +1,429 @@
+"""Rerunning one recorded op from a dump: find its callable, rebuild its arguments, call it.
+
+This is what replay verdicts and first-divergence localization stand on: given the inputs an op
+really received, does the op alone give the recorded output, and what would it give in float64?
+Names are resolved as attribute lookups at call time, never evaluated, so a patched function
+(``torch_npu`` and serving frameworks patch torch at import) is the one that reruns.
+See ``docs/replay.md`` for the mapping and for what cannot be replayed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import operator
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ._errors import PrecisionError, PrecisionInputError
+from .dump._leaves import output_leaves
+from .dump._records import Call, Record
+
+
+class NotReplayable(PrecisionError):
+    """A recorded call cannot be rerun; str(exc) says why in one line (shown to users)."""
+
+
+# -- what cannot be rerun ------------------------------------------------------------------------
+
+#: Ops that draw random numbers: a rerun draws different ones (names without ``_`` around them).
+# fmt: off
+_RANDOM = frozenset({
+    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
+    "bernoulli", "multinomial", "normal", "uniform", "exponential", "geometric", "cauchy",
+    "log_normal", "random", "poisson", "binomial", "gumbel_softmax", "fused_dropout",
+    "rrelu_with_noise",
+})
+# fmt: on
+#: Ops that are random only when training: name -> (position of the flag, its default in
+#: ``torch.nn.functional``; the ``torch.*`` and aten forms require it).
+_RANDOM_WHEN_TRAINING = {
+    **dict.fromkeys(
+        ("dropout", "dropout1d", "dropout2d", "dropout3d", "feature_dropout", "native_dropout"),
+        (2, True),
+    ),
+    **dict.fromkeys(("alpha_dropout", "feature_alpha_dropout"), (2, False)),
+    "rrelu": (3, False),
+}
+#: Ops whose output is uninitialized memory (or partly: ``resize_`` growing a tensor).
+_UNINITIALIZED = ("empty", "new_empty", "resize")
+#: Collective communication: the other ranks are not there to rerun with.
+# fmt: off
+_COMMUNICATION = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather",
+    "scatter", "send", "recv", "isend", "irecv", "barrier", "allgather_base",
+    "reduce_scatter_base",
+})
+# fmt: on
+#: In-place operators that are dunders (other in-place ops end with one ``_``).
+# fmt: off
+_INPLACE_DUNDERS = frozenset({
+    "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__", "__ifloordiv__", "__imod__",
+    "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
+    "__setitem__",
+})
+# fmt: on
+#: Tensor methods whose name is a floating dtype: at a replay precision they cast to it instead.
+_FLOAT_CASTS = frozenset({"half", "bfloat16", "float", "double"})
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _base_name(call: Call) -> str:
+    """The op without an aten overload (``add_.Tensor`` -> ``add_``)."""
+    return call.op.split(".", 1)[0]
+
+
+def is_inplace(call: Call) -> bool:
+    name = _base_name(call)
+    return name in _INPLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
+
+
+def _refuse_by_name(call: Call) -> None:
+    """Raise NotReplayable for ops whose rerun says nothing about the recorded output."""
+    name = _base_name(call).strip("_")
+    if call.kind == "Distributed" or name in _COMMUNICATION:
+        raise NotReplayable(
+            f"{call.name} is a communication op: the other ranks are not there to rerun it with"
+        )
+    if name.startswith(_UNINITIALIZED):
+        raise NotReplayable(
+            f"{call.name} returns uninitialized memory: its recorded output is garbage, "
+            "not a result to reproduce"
+        )
+    if name in _RANDOM:
+        raise NotReplayable(f"{call.name} is a random op: a rerun draws different numbers")
+    if name in _RANDOM_WHEN_TRAINING:
+        position, default = _RANDOM_WHEN_TRAINING[name]
+        if _training_flag(call, position, default) is not False:
+            raise NotReplayable(
+                f"{call.name} is a random op: {name} with training=True draws a fresh mask"
+            )
+
+
+def _training_flag(call: Call, position: int, default: bool) -> Any:
+    slots = {f"input.{position}", "kwargs.training", "kwargs.train"}
+    for record in call.inputs:
+        if record.slot in slots:
+            return record.value
+    return default
+
+
+# -- finding the callable ------------------------------------------------------------------------
+
+
+def _attribute(owner: Any, name: str) -> Any:
+    """``owner.name`` for a plain identifier that is not a dunder, else None (never eval'd)."""
+    if not _IDENTIFIER.fullmatch(name) or name.startswith("__"):
+        return None
+    try:
+        return getattr(owner, name, None)
+    except RuntimeError:  # torch.ops namespaces raise for unknown names on some versions
+        return None
+
+
+#: ``Torch.<prefix>X`` names torch functions of submodules (``torch.linalg.vector_norm``'s
+#: ``__name__`` is ``linalg_vector_norm``): prefix -> submodule.
+_TORCH_SUBMODULES = {"linalg_": "linalg", "special_": "special", "fft_": "fft"}
+
+
+def _torch_function(op: str, call: Call) -> Any:
+    found = _attribute(torch, op)
+    if found is not None:
+        return found
+    for prefix, submodule in _TORCH_SUBMODULES.items():
+        if op.startswith(prefix):
+            return _attribute(getattr(torch, submodule), op.removeprefix(prefix))
+    if op.startswith("npu_"):  # a torch_npu function seen by capture's torch-function mode
+        return _npu_op(op, call)
+    return None
+
+
+def _tensor_method(op: str) -> Any:
+    """``torch.Tensor.op``, dunders included; a property (``T``, ``mT``) is read off the input."""
+    if not _IDENTIFIER.fullmatch(op):
+        return None
+    found = getattr(torch.Tensor, op, None)
+    if inspect.isdatadescriptor(found):
+        return operator.attrgetter(op)
+    return found
+
+
+def _aten_op(op: str) -> Any:
+    """``torch.ops.aten.add.Tensor`` for ``add.Tensor``, the overload packet for ``add``."""
+    name, _, overload = op.partition(".")
+    found = _attribute(torch.ops.aten, name)
+    return found if found is None or not overload else _attribute(found, overload)
+
+
+def _npu_op(op: str, call: Call) -> Any:
+    try:
+        torch_npu = importlib.import_module("torch_npu")
+    except ImportError as exc:
+        raise NotReplayable(
+            f"{call.name} is an Ascend NPU op: replaying it needs torch_npu, which cannot be "
+            f"imported here ({exc}); rerun it on a machine with torch_npu"
+        ) from None
+    found = _attribute(torch_npu, op)
+    return found if found is not None else _attribute(torch.ops.npu, op)
+
+
+#: How each kind of call name maps to a callable; None when the name is unknown.
+_FINDERS: dict[str, Callable[[str, Call], Any]] = {
+    "Functional": lambda op, call: _attribute(F, op),
+    "Torch": _torch_function,
+    "Tensor": lambda op, call: _tensor_method(op),
+    "Aten": lambda op, call: _aten_op(op),
+    "VF": lambda op, call: _attribute(torch._VF, op),
+    "NPU": _npu_op,
+    "Npu": _npu_op,
+}
+
+
+def resolve_op(call: Call) -> Callable[..., Any]:
+    """The callable a recorded op name refers to, looked up now (a patched function is the one
+    under test). Raises NotReplayable for module calls, unknown names, backward calls,
+    uninitialized-memory, random and communication ops, and NPU ops without torch_npu."""
+    if call.kind == "Module":
+        raise NotReplayable(
+            f"{call.name} is a module's forward, not an op: replay reruns single ops "
+            "(capture at level='op' or 'mix' to record the ops inside it)"
+        )
+    if ".backward" in call.name or ".parameters_grad" in call.name:
+        raise NotReplayable(f"{call.name} is a backward call: replay reruns forward ops only")
+    finder = _FINDERS.get(call.kind)
+    if finder is None and call.kind != "Distributed":
+        raise NotReplayable(
+            f"{call.name}: calls of kind {call.kind!r} cannot be replayed "
+            f"(replay knows {', '.join(sorted(_FINDERS))})"
+        )
+    _refuse_by_name(call)
+    assert finder is not None  # Distributed was refused above
+    found = finder(call.op, call)
+    if found is None or not callable(found) or inspect.isclass(found):
+        raise NotReplayable(
+            f"{call.name}: no {call.kind} op {call.op!r} in this torch ({torch.__version__})"
+        )
+    return found  # type: ignore[no-any-return]
+
+
+# -- rebuilding the arguments --------------------------------------------------------------------
+
+#: Values recorded as strings that torch wants back as objects (``"torch.float32"``).
+_TORCH_OBJECTS = (torch.dtype, torch.memory_format, torch.layout)
+
+
+class _Leaf:
+    """One recorded value in the slot tree (a dict could be a container of slots)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _decoded(value: Any) -> Any:
+    """A recorded JSON value as torch expects it: dtype strings back to ``torch.dtype`` etc."""
+    if isinstance(value, str) and value.startswith("torch."):
+        found = getattr(torch, value.removeprefix("torch."), None)
+        return found if isinstance(found, _TORCH_OBJECTS) else value
+    if isinstance(value, list):
+        return [_decoded(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _decoded(item) for key, item in value.items()}
+    return value
+
+
+def _argument(
+    call: Call, record: Record, convert: Callable[[torch.Tensor], torch.Tensor] | None
+) -> Any:
+    if not record.is_tensor:
+        return _decoded(record.value)
+    tensor = record.load()
+    if tensor is None:
+        shape = "" if record.shape is None else f" {list(record.shape)}"
+        raise NotReplayable(
+            f"{call.name}: {record.slot} ({record.dtype}{shape}) has no tensor data: the dump "
+            "holds statistics only (replay needs a dump of tensors: capture mode='tensor', "
+            "msprobe task 'tensor')"
+        )
+    if record.stride is not None:
+        tensor = _in_recorded_order(tensor, record.stride)
+    return tensor if convert is None else convert(tensor)
+
+
+def _in_recorded_order(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """The (contiguous) recorded data laid out like the recorded tensor: dimensions in the
+    recorded memory order (a transposed operand is transposed again) and broadcast dimensions
+    (stride 0) expanded again, as kernels choose their path by layout."""
+    base = tensor
+    for dim, (size, step) in enumerate(zip(tensor.shape, stride, strict=True)):
+        if step == 0 and size > 1:  # every slice along it is the same: keep one
+            base = base.narrow(dim, 0, 1)
+    order = sorted(range(tensor.dim()), key=lambda d: -stride[d])
+    inverse = sorted(range(tensor.dim()), key=order.__getitem__)
+    return base.permute(order).contiguous().permute(inverse).expand(tensor.shape)
+
+
+def _slot_tree(
+    call: Call, convert: Callable[[torch.Tensor], torch.Tensor] | None
+) -> dict[str, Any]:
+    """``{"input": {"0": leaf, "1": {"0": leaf, ...}}, "kwargs": {...}}`` from dotted slots."""
+    tree: dict[str, Any] = {}
+    for record in call.inputs:
+        *path, last = record.slot.split(".")
+        if not path:
+            raise NotReplayable(f"{call.name}: slot {record.slot} names no argument")
+        node = tree
+        for key in path:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise NotReplayable(f"{call.name}: slot {record.slot} nests inside a value")
+        if last in node:
+            raise NotReplayable(f"{call.name}: slot {record.slot} is recorded twice")
+        node[last] = _Leaf(_argument(call, record, convert))
+    return tree
+
+
+def _build(call: Call, node: Any, where: str) -> Any:
+    """A container back from its slots: numbered items -> tuple, named items -> dict."""
+    if isinstance(node, _Leaf):
+        return node.value
+    if not all(key.isdigit() for key in node):
+        return {key: _build(call, item, f"{where}.{key}") for key, item in node.items()}
+    return tuple(_build(call, item, f"{where}.{i}") for i, item in _numbered(call, node, where))
+
+
+def _numbered(call: Call, node: dict[str, Any], where: str) -> list[tuple[int, Any]]:
+    if not all(key.isdigit() for key in node):
+        raise NotReplayable(f"{call.name}: {where}.* slots are not numbered: {sorted(node)}")
+    items = sorted((int(key), item) for key, item in node.items())
+    missing = sorted(set(range(len(items))) - {i for i, _ in items})
+    if missing:
+        raise NotReplayable(
+            f"{call.name}: incomplete arguments: {where}.{missing[0]} is not in the dump"
+        )
+    return items
+
+
+def rebuild_arguments(
+    call: Call, *, convert: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """args and kwargs as the op received them, from the call's ``input.*`` / ``kwargs.*``
+    records: tensors loaded (through ``convert``), nested slots rebuilt (numbered -> tuple, named
+    -> dict), recorded values decoded (dtype strings -> ``torch.dtype``). Raises NotReplayable
+    when a tensor has no data (statistics-only dump) or slots are missing."""
+    tree = _slot_tree(call, convert)
+    positional = _numbered(call, tree.get("input", {}), "input")
+    args = tuple(_build(call, item, f"input.{i}") for i, item in positional)
+    kwargs = {
+        key: _build(call, item, f"kwargs.{key}") for key, item in tree.get("kwargs", {}).items()
+    }
+    if call.kind == "Tensor" and call.op in ("__getitem__", "__setitem__") and len(args) > 1:
+        # A tuple index (x[..., :8]) is recorded as a JSON list; as a list it would mean
+        # advanced indexing for plain ints, so the recorded form is taken as the usual tuple.
+        index = args[1]
+        if isinstance(index, list):
+            args = (args[0], tuple(index), *args[2:])
+    return args, kwargs
+
+
+# -- rerunning -----------------------------------------------------------------------------------
+
+
+def _at_precision(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` with every floating dtype in it replaced by ``dtype``."""
+    if isinstance(value, torch.dtype):
+        return dtype if value.is_floating_point else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_at_precision(item, dtype) for item in value)
+    if isinstance(value, dict):
+        return {key: _at_precision(item, dtype) for key, item in value.items()}
+    return value
+
+
+def _on_device(
+    call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Device arguments (``device=``, ``Tensor.to("cuda:0")``) point at the rerun's device."""
+    if kwargs.get("device") is not None:
+        kwargs = {**kwargs, "device": device}
+    if call.kind == "Tensor" and call.op == "to":
+        args = tuple(device if isinstance(arg, str) else arg for arg in args)
+    return args, kwargs
+
+
+def _check_outputs(call: Call, outputs: dict[str, torch.Tensor]) -> None:
+    """The rerun's tensors sit in the recorded slots with the recorded shapes; anything else
+    means the arguments were not rebuilt the way the op received them."""
+    if not call.outputs:
+        return  # nothing recorded to pair with (the call raised during capture)
+    recorded = {r.slot: r.shape for r in call.outputs if r.is_tensor}
+    if recorded.keys() != outputs.keys():
+        raise NotReplayable(
+            f"{call.name}: the rerun gave tensors in {sorted(outputs) or 'no slot'}, the dump "
+            f"records {sorted(recorded) or 'none'}"
+        )
+    for slot, shape in recorded.items():
+        if shape is not None and tuple(outputs[slot].shape) != shape:
+            raise NotReplayable(
+                f"{call.name}: the rerun gave {slot} of shape {list(outputs[slot].shape)}, the "
+                f"dump records {list(shape)}: its arguments could not be rebuilt faithfully"
+            )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def recompute(
+    call: Call, *, dtype: torch.dtype | None = torch.float64, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Rerun the op on ``device``; its tensor outputs by slot (``output.0``, ``output.0.1``),
+    keyed like ``call.outputs``.
+
+    With ``dtype``, floating-point tensor inputs are converted to it and every floating dtype
+    argument (softmax's ``dtype=torch.float32``, ``Tensor.to(torch.bfloat16)``, ``.half()``) is
+    replaced by it, so the whole op runs at that precision; ``dtype=None`` keeps the recorded
+    dtypes (on CPU a rerun then reproduces the recorded output bitwise). Integer and bool tensors
+    keep their dtype; in-place ops run on fresh copies. Raises NotReplayable with a one-line
+    reason when the op cannot be resolved, its arguments rebuilt, or it raises.
+    """
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise PrecisionInputError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    func = resolve_op(call)
+    target = torch.device(device)
+    copy = is_inplace(call)
+
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        new_dtype = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        return tensor.to(device=target, dtype=new_dtype, copy=copy)
+
+    args, kwargs = rebuild_arguments(call, convert=convert)
+    if dtype is not None:
+        args, kwargs = _at_precision(args, dtype), _at_precision(kwargs, dtype)
+        if call.kind == "Tensor" and call.op in _FLOAT_CASTS:
+            func = functools.partial(_cast_to, dtype)
+    args, kwargs = _on_device(call, args, kwargs, target)
+    try:
+        with torch.no_grad():
+            result = func(*args, **kwargs)
+    except Exception as exc:  # the op's own error, whatever its type, is the reason
+        raise NotReplayable(f"{call.name} raised when rerun: {_first_line(exc)}") from exc
+    outputs = {
+        slot: value for slot, value in output_leaves(result) if isinstance(value, torch.Tensor)
+    }
+    _check_outputs(call, outputs)
+    return outputs
+
+
+def _cast_to(dtype: torch.dtype, tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """``tensor.float()`` and friends at the replay precision."""
+    return tensor.to(dtype, **kwargs)

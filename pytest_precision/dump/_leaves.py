@@ -1,0 +1,67 @@
+"""Values as slots: how capture names the tensors inside arguments and outputs.
+
+A call's arguments and outputs become ``(slot, leaf)`` pairs: ``input.0``, ``kwargs.dim``,
+``output.0``; containers that hold tensors are opened, one dotted level per container
+(``input.0.1`` is the second tensor of a tuple passed first). Capture writes records with these
+slots, replay names its recomputed outputs with them so the two pair up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+#: Types of values that never hold tensors: no need to look inside them.
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, torch.dtype, torch.device})
+
+
+def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
+    """(key, item) pairs of a container (tuple, list, mapping, dataclass), None otherwise."""
+    if isinstance(value, (tuple, list)):
+        return ((str(i), item) for i, item in enumerate(value))
+    if isinstance(value, Mapping):
+        return ((str(k), item) for k, item in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    return None
+
+
+def has_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if type(value) in _ATOMS:
+        return False
+    items = _items(value)
+    return items is not None and any(has_tensor(item) for _, item in items)
+
+
+def add_leaves(leaves: list[tuple[str, Any]], slot: str, value: Any) -> None:
+    """Append (slot, leaf) pairs: containers holding tensors are opened, anything else is a leaf."""
+    items = None if isinstance(value, torch.Tensor) or not has_tensor(value) else _items(value)
+    if items is None:
+        leaves.append((slot, value))
+        return
+    for key, item in items:
+        add_leaves(leaves, f"{slot}.{key}", item)
+
+
+def input_leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    leaves: list[tuple[str, Any]] = []
+    for index, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor):  # the usual case, without a look inside
+            leaves.append((f"input.{index}", arg))
+        else:
+            add_leaves(leaves, f"input.{index}", arg)
+    for key, arg in kwargs.items():
+        add_leaves(leaves, f"kwargs.{key}", arg)
+    return leaves
+
+
+def output_leaves(output: Any) -> list[tuple[str, Any]]:
+    leaves: list[tuple[str, Any]] = []
+    for index, item in enumerate(output if isinstance(output, tuple) else (output,)):
+        add_leaves(leaves, f"output.{index}", item)
+    return leaves

@@ -37,10 +37,8 @@ from typing import Literal
 import torch
 
 from ._errors import PrecisionError, PrecisionInputError
-from ._metrics import TensorStats, lower_precision, tensor_stats
+from ._metrics import TensorStats, lower_precision
 from ._standards import (
-    RATIO_TIERS,
-    AllClose,
     Exact,
     Reference,
     Standard,
@@ -48,6 +46,7 @@ from ._standards import (
     TensorComparison,
     judge_pair,
     resolve_standard,
+    rounding_envelope,
 )
 from .dump._load import load_dump
 from .dump._records import Call, Dump, Record
@@ -645,15 +644,6 @@ class _Judge:
                 )
                 return _divergence(target, golden, "rerun", reason, r)
         return None  # it only carried differences it received
-
-
-def rounding_envelope(exact: torch.Tensor, dtype: torch.dtype) -> AllClose:
-    """How far a correct op computed in ``dtype`` may land from its float64 result: the ratio
-    tier's pass tolerance, relative to each element and to the output's RMS (an element
-    near zero after cancellation carries the rounding of the large terms that cancelled)."""
-    rtol = RATIO_TIERS.get(dtype, RATIO_TIERS[torch.float32]).pass_rtol
-    rms = tensor_stats(exact).norm / math.sqrt(max(exact.numel(), 1))
-    return AllClose(rtol=rtol, atol=rtol * rms if math.isfinite(rms) else rtol)
 
 
 def _join(module: str | None, name: str) -> str:

@@ -23,6 +23,7 @@ from ._metrics import (
     Quantity,
     lower_precision,
     measure,
+    tensor_stats,
 )
 
 Verdict = Literal["pass", "warn", "fail"]
@@ -553,3 +554,12 @@ def _check_pair(actual: torch.Tensor, other: torch.Tensor, what: str) -> None:
             f"dtype mismatch: actual {actual.dtype} vs {what} {other.dtype} "
             "(a float can only be compared with a float, an integer with an integer)"
         )
+
+
+def rounding_envelope(exact: torch.Tensor, dtype: torch.dtype) -> AllClose:
+    """How far a correct op computed in ``dtype`` may land from its float64 result: the ratio
+    tier's pass tolerance, relative to each element and to the output's RMS (an element
+    near zero after cancellation carries the rounding of the large terms that cancelled)."""
+    rtol = RATIO_TIERS.get(dtype, RATIO_TIERS[torch.float32]).pass_rtol
+    rms = tensor_stats(exact).norm / math.sqrt(max(exact.numel(), 1))
+    return AllClose(rtol=rtol, atol=rtol * rms if math.isfinite(rms) else rtol)

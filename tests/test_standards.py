@@ -21,7 +21,7 @@ from pytest_precision import (
     compare_tensors,
     default_standard,
 )
-from pytest_precision._standards import ALLCLOSE_TOLERANCES
+from pytest_precision._standards import ALLCLOSE_TOLERANCES, judge_pair, rounding_envelope
 
 #: Every test runs on the torch pipeline and on the numba kernels.
 pytestmark = pytest.mark.usefixtures("metrics_backend")
@@ -226,3 +226,17 @@ def test_reference_standard_fails_nan_where_the_reference_is_finite() -> None:
     result = compare_tensors(bad, bad.clone(), reference=t.double(), standard="reference")
     assert result.verdict == "fail"
     assert "float64 reference differs" in result.reason
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rounding_envelope_takes_one_rounding_and_refuses_a_scale_error(
+    dtype: torch.dtype,
+) -> None:
+    exact = torch.randn(4096, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    exact[:16] = 1e-6  # cancelled sums: judged against the output's RMS, not themselves
+    rounded = (exact + 1e-3 * exact.abs().mean()).to(dtype) if dtype == torch.bfloat16 else None
+    envelope = rounding_envelope(exact, dtype)
+    assert judge_pair(exact.to(dtype), exact, envelope, dtype).verdict == "pass"
+    assert judge_pair((exact * 1.05).to(dtype), exact, envelope, dtype).verdict == "fail"
+    if rounded is not None:  # an absolute error of 1e-3 RMS on every element is within bf16's
+        assert judge_pair(rounded, exact, envelope, dtype).verdict == "pass"

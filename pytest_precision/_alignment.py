@@ -1,0 +1,92 @@
+"""Which call of the target is which call of the golden.
+
+Calls are aligned by what they are, not by their names: one extra op in the target shifts every
+later call counter (``Functional.linear.7`` becomes ``.8``), which must not turn into dozens of
+false differences. A call's signature is its kind, its op (dunders stripped: ``x @ w`` is
+``Tensor.matmul`` in our captures and ``Tensor.__matmul__`` in msprobe's), its module when both
+dumps record one (so that neighbouring ops of the same kind in different modules do not pair)
+and the shapes of its outputs (a fused QKV projection does not pair with ``q_proj``'s).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Hashable, Sequence
+
+from .dump._records import Call
+
+#: target calls in the order they finished, each with its golden partner (None: unmatched),
+#: and the golden calls without a partner
+Segment = tuple[list[tuple[Call | None, Call]], list[Call]]
+
+
+def align(golden: Sequence[Call], target: Sequence[Call]) -> dict[tuple[int, int], Segment]:
+    """Each (step, rank)'s aligned walk, in step then rank order. A (step, rank) that only one
+    side has is a segment whose calls all lack a partner."""
+    with_module = all(c.module is not None for c in (*golden, *target) if c.kind != "Module")
+    by_key: dict[tuple[int, int], tuple[list[Call], list[Call]]] = {}
+    for side, calls in ((0, golden), (1, target)):
+        for call in calls:
+            by_key.setdefault((call.step, call.rank), ([], []))[side].append(call)
+    return {key: _align(*by_key[key], with_module) for key in sorted(by_key)}
+
+
+def signature(call: Call, with_module: bool) -> Hashable:
+    op = call.op[2:-2] if call.op.startswith("__") and call.op.endswith("__") else call.op
+    module = call.module if call.kind == "Module" or with_module else None
+    shapes = tuple(r.shape for r in call.outputs if r.is_tensor)
+    return call.kind, op, module, shapes
+
+
+def _align(golden: list[Call], target: list[Call], with_module: bool) -> Segment:
+    g_sigs = [signature(c, with_module) for c in golden]
+    t_sigs = [signature(c, with_module) for c in target]
+    pairs = _matching_blocks(g_sigs, t_sigs)
+    partner = {id(target[t]): golden[g] for g, t in pairs}
+    matched_golden = {g for g, _ in pairs}
+    golden_only = [c for i, c in enumerate(golden) if i not in matched_golden]
+    return [(partner.get(id(t)), t) for t in completion_order(target)], golden_only
+
+
+def _matching_blocks(golden: list[Hashable], target: list[Hashable]) -> list[tuple[int, int]]:
+    """Index pairs of an order-preserving alignment of equal signatures. The common head and
+    tail are paired directly: difflib's cost grows with the square of what it is given."""
+    head = 0
+    while head < min(len(golden), len(target)) and golden[head] == target[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(golden), len(target)) - head and golden[-1 - tail] == target[-1 - tail]:
+        tail += 1
+    pairs = [(i, i) for i in range(head)]
+    g_mid, t_mid = golden[head : len(golden) - tail], target[head : len(target) - tail]
+    if g_mid and t_mid:
+        matcher = difflib.SequenceMatcher(None, g_mid, t_mid, autojunk=False)
+        for block in matcher.get_matching_blocks():
+            pairs.extend((head + block.a + k, head + block.b + k) for k in range(block.size))
+    pairs.extend((len(golden) - tail + k, len(target) - tail + k) for k in range(tail))
+    return pairs
+
+
+def completion_order(calls: list[Call]) -> list[Call]:
+    """A module call finishes when every call inside it did; ops finish where they start.
+    Works for calls listed by start (our captures) and by completion (msprobe's modules)."""
+    out: list[Call] = []
+    open_modules: list[Call] = []
+    for call in calls:
+        while open_modules and not _inside(call, open_modules[-1]):
+            out.append(open_modules.pop())
+        if call.kind == "Module":
+            open_modules.append(call)
+        else:
+            out.append(call)
+    out.extend(reversed(open_modules))
+    return out
+
+
+def _inside(call: Call, module_call: Call) -> bool:
+    path, module = call.module, module_call.module
+    if path is None or module is None:
+        return False
+    if call.kind == "Module":  # the same module called again is a sibling, not a child
+        return path.startswith(module + ".") or (module == "" and path != "")
+    return module == "" or path == module or path.startswith(module + ".")

@@ -39,14 +39,13 @@ import torch
 from ._errors import PrecisionError, PrecisionInputError
 from ._metrics import TensorStats, lower_precision
 from ._standards import (
-    Exact,
     Reference,
     Standard,
     StandardName,
     TensorComparison,
     judge_pair,
+    judge_rounding,
     resolve_standard,
-    rounding_envelope,
 )
 from .dump._load import load_dump
 from .dump._records import Call, Dump, Record
@@ -239,7 +238,7 @@ def compare_dumps(
             "the reference standard needs a float64 reference of every tensor, which a "
             "dump does not hold; compare dumps with allclose, ratio, ulp or exact"
         )
-    golden_dump, target_dump = _as_dump(golden), _as_dump(target)
+    golden_dump, target_dump = as_dump(golden), as_dump(target)
     segments = _segments(golden_dump.calls, target_dump.calls)
     total = sum(len(walk) for walk, _ in segments.values())
     result = DumpComparison(golden_dump, target_dump, [], None)
@@ -274,7 +273,7 @@ def compare_dumps(
     return result
 
 
-def _as_dump(value: Dump | str | os.PathLike[str]) -> Dump:
+def as_dump(value: Dump | str | os.PathLike[str]) -> Dump:
     if isinstance(value, Dump):
         return value
     if isinstance(value, (str, os.PathLike)):
@@ -397,7 +396,7 @@ class _Judge:
         """Every slot of the pair, judged by the standard of the lowest precision among all the
         call's tensors: bf16 data a call upcast to fp32 is still bf16 data."""
         golden_slots = {r.slot: r for r in golden.records}
-        precision = _lowest_float((*golden.records, *target.records))
+        precision = lowest_float((*golden.records, *target.records))
         out = []
         for t in target.records:
             g = golden_slots.pop(t.slot, None)
@@ -627,16 +626,12 @@ class _Judge:
         rerun: dict[str, torch.Tensor],
     ) -> Divergence | None:
         records = {r.slot: r for r in target.outputs}
-        precision = _lowest_float(target.records)
+        precision = lowest_float(target.records)
         for r in failing:
             recorded, exact = records[r.slot].load(), rerun.get(r.slot)
             if recorded is None or exact is None or recorded.shape != exact.shape:
                 continue
-            exact = exact.to(recorded.device)
-            if recorded.is_floating_point():
-                own = judge_pair(recorded, exact, rounding_envelope(exact, precision), precision)
-            else:  # an index or a mask: a correct op reproduces it exactly
-                own = judge_pair(recorded, exact.to(recorded.dtype), Exact(), recorded.dtype)
+            own = judge_rounding(recorded, exact, precision)
             if own.verdict == "fail":
                 reason = (
                     f"{r.slot} differs from a float64 rerun of the call from its own recorded "
@@ -769,7 +764,7 @@ def _torch_dtype(name: str | None) -> torch.dtype:
     return dtype
 
 
-def _lowest_float(records: Iterable[Record]) -> torch.dtype:
+def lowest_float(records: Iterable[Record]) -> torch.dtype:
     """The floating dtype with the fewest significand bits among ``records`` (float64 if none)."""
     lowest = torch.float64
     for record in records:

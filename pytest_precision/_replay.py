@@ -612,7 +612,7 @@ def _judge_slot(
 
 
 def _reason(verdict: Verdict, slots: list[SlotReplay], device: str, precision: torch.dtype) -> str:
-    envelope = f"the {str(precision).removeprefix('torch.')} rounding envelope of a float64 rerun"
+    envelope = f"{str(precision).removeprefix('torch.')} rounding of the float64 result"
     if not slots:
         return "the op returns no tensor to judge"
     if verdict == "noise":

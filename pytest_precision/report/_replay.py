@@ -21,7 +21,7 @@ def replay_text(result: ReplayResult) -> str:
         f"{layer_of(result.module) or '(none)'}",
         f"  dump:    {result.dump}" + (f"    golden: {result.golden}" if result.golden else ""),
         f"  reason:  {result.reason}",
-        f"  judged against a float64 CPU rerun, within the {result.precision} rounding envelope",
+        f"  each output vs a float64 CPU rerun, within {result.precision} rounding:",
     ]
     for slot in result.slots:
         lines.append(f"  {slot.slot}: {slot.verdict}")

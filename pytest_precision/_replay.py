@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ._compare import as_dump, lowest_float
-from ._devices import get_backend
+from ._devices import backend_of
 from ._errors import PrecisionError, PrecisionInputError
 from ._standards import TensorComparison, judge_rounding
 from .dump._leaves import output_leaves
@@ -576,14 +576,10 @@ def find_call(dump: Dump, name: str, *, step: int | None = None, rank: int | Non
 
 
 def _available_device(device: str | torch.device) -> torch.device:
-    try:
-        target = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise PrecisionInputError(f"not a device: {device!r} ({exc})") from None
-    available, reason = get_backend(target.type).is_available()
+    available, reason = backend_of(device).is_available()
     if not available:
-        raise PrecisionInputError(f"device {str(target)!r} is not available: {reason}")
-    return target
+        raise PrecisionInputError(f"device {str(device)!r} is not available: {reason}")
+    return torch.device(device)
 
 
 def _loaded(call: Call, record: Record) -> torch.Tensor:

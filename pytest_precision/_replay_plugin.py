@@ -146,19 +146,13 @@ def _matching(dump: Dump, globs: tuple[str, ...]) -> list[Any]:
 def _devices(devices: str | Sequence[str] | None) -> list[tuple[str, str | None]]:
     """Each device with why it cannot run here (None: it can). Without a list, the available
     backends; a listed unavailable device still gets its cases, which skip with the reason."""
-    import torch
-
-    from ._devices import backends, get_backend
+    from ._devices import available_devices, backend_of
 
     if devices is None:
-        return [(b.name, None) for b in backends() if b.is_available()[0]]
+        return [(backend.name, None) for backend in available_devices()]
     listed = (devices,) if isinstance(devices, str) else tuple(devices)
     out = []
     for device in listed:
-        try:
-            kind = torch.device(device).type
-        except (RuntimeError, TypeError) as exc:
-            raise PrecisionError(f"not a device: {device!r} ({exc})") from None
-        available, reason = get_backend(kind).is_available()
+        available, reason = backend_of(device).is_available()
         out.append((str(device), None if available else f"{device} is not available: {reason}"))
     return out

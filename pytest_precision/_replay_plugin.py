@@ -84,8 +84,12 @@ def generate(metafunc: pytest.Metafunc) -> None:
     try:
         params, ids = _cases(marker, metafunc.definition.path.parent)
     except (PrecisionError, TypeError) as exc:
-        pytest.fail(f"{test}: @pytest.mark.replay: {exc}", pytrace=False)
-    metafunc.parametrize(FIXTURE, params, ids=ids, indirect=True)
+        problem = str(exc)
+    else:
+        metafunc.parametrize(FIXTURE, params, ids=ids, indirect=True)
+        return
+    pytest.fail(f"{test}: @pytest.mark.replay: {problem}", pytrace=False)  # not in the except:
+    # the user's mistake is the whole story, without the exception it replaced
 
 
 def _cases(marker: pytest.Mark, folder: Path) -> tuple[list[Any], list[str]]:

@@ -1,10 +1,11 @@
-"""Rerunning one recorded op from a dump: find its callable, rebuild its arguments, call it.
+"""Rerunning one recorded op from a dump: find its callable, rebuild its arguments, call it,
+and say whether a wrong output is the op's fault (:func:`replay_op`).
 
 This is what replay verdicts and first-divergence localization stand on: given the inputs an op
 really received, does the op alone give the recorded output, and what would it give in float64?
 Names are resolved as attribute lookups at call time, never evaluated, so a patched function
 (``torch_npu`` and serving frameworks patch torch at import) is the one that reruns.
-See ``docs/replay.md`` for the mapping and for what cannot be replayed.
+See ``docs/replay.md`` for the mapping, the verdicts and what cannot be replayed.
 """
 
 from __future__ import annotations

@@ -489,7 +489,7 @@ class ReplayResult:
 def replay_op(
     dump: Dump | str | os.PathLike[str],
     name: str,
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
     *,
     golden: Dump | str | os.PathLike[str] | None = None,
     step: int | None = None,
@@ -519,6 +519,8 @@ def replay_op(
     rerun = recompute(call, dtype=None, device=backend_device)
     precision = lowest_float(call.records)
     golden_outputs = {} if golden_call is None else {r.slot: r for r in golden_call.outputs}
+    # a bf16 golden of an fp32 target is judged by its own rounding
+    golden_precision = precision if golden_call is None else lowest_float(golden_call.records)
     slots = []
     for record in call.outputs:
         if record.slot not in exact:
@@ -534,7 +536,7 @@ def replay_op(
                 judge_rounding(rerun[record.slot].cpu(), reference, precision),
                 None
                 if golden_data is None or golden_data.shape != reference.shape
-                else judge_rounding(golden_data, reference, precision),
+                else judge_rounding(golden_data, reference, golden_precision),
             )
         )
     verdict = max((s.verdict for s in slots), key=_SEVERITY.__getitem__, default="noise")

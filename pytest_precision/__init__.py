@@ -26,6 +26,7 @@ if typing.TYPE_CHECKING:
     from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
     from ._golden import Golden, assert_close_to_golden
     from ._metrics import TensorStats, tensor_stats
+    from ._replay import ReplayResult, replay_op
     from ._standards import (
         AllClose,
         Exact,
@@ -61,6 +62,7 @@ __all__ = [
     "RecordComparison",
     "Reference",
     "ReferenceLimit",
+    "ReplayResult",
     "SeedHandle",
     "Standard",
     "StatsComparison",
@@ -78,6 +80,7 @@ __all__ = [
     "compare_tensors",
     "default_standard",
     "load_dump",
+    "replay_op",
     "seed_all",
     "tensor_stats",
 ]
@@ -97,6 +100,7 @@ _MODULES = {
     "._errors": ("DumpFormatError", "PrecisionError", "PrecisionInputError", "PrecisionWarning"),
     "._golden": ("Golden", "assert_close_to_golden"),
     "._metrics": ("TensorStats", "tensor_stats"),
+    "._replay": ("ReplayResult", "replay_op"),
     "._standards": (
         "AllClose",
         "Exact",

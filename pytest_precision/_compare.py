@@ -41,14 +41,13 @@ from ._errors import PrecisionError, PrecisionInputError
 from ._metrics import TensorStats, lower_precision
 from ._standards import (
     RATIO_TIERS,
-    Exact,
     Reference,
     Standard,
     StandardName,
     TensorComparison,
     judge_pair,
+    judge_rounding,
     resolve_standard,
-    rounding_envelope,
 )
 from .dump._load import load_dump
 from .dump._records import Call, Dump, Record
@@ -252,7 +251,7 @@ def compare_dumps(
             "the reference standard needs a float64 reference of every tensor, which a "
             "dump does not hold; compare dumps with allclose, ratio, ulp or exact"
         )
-    golden_dump, target_dump = _as_dump(golden), _as_dump(target)
+    golden_dump, target_dump = as_dump(golden), as_dump(target)
     segments = align(golden_dump.calls, target_dump.calls)
     matched = [(g, t) for walk, _ in segments.values() for g, t in walk if g is not None]
     judge = _Judge(standard, RunPrecision.learn(matched), [t for _, t in matched])
@@ -283,7 +282,7 @@ def compare_dumps(
     return result
 
 
-def _as_dump(value: Dump | str | os.PathLike[str]) -> Dump:
+def as_dump(value: Dump | str | os.PathLike[str]) -> Dump:
     if isinstance(value, Dump):
         return value
     if isinstance(value, (str, os.PathLike)):
@@ -797,10 +796,7 @@ class _Judge:
         t_tensor = None if t is None else t.load()
         if g_tensor is None or t_tensor is None or not t_tensor.is_floating_point():
             return True
-        dtype = r.metrics.dtype
-        reference = g_tensor.double()
-        envelope = judge_pair(t_tensor, reference, rounding_envelope(reference, dtype), dtype)
-        return envelope.verdict == "fail"
+        return judge_rounding(t_tensor, g_tensor.double(), r.metrics.dtype).verdict == "fail"
 
     def _judge_output(
         self,
@@ -868,12 +864,7 @@ class _Judge:
             if recorded is None or exact is None or recorded.shape != exact.shape:
                 checked = False
                 continue
-            exact = exact.to(recorded.device)
-            if recorded.is_floating_point():
-                dtype = recorded.dtype
-                own = judge_pair(recorded, exact, rounding_envelope(exact, dtype), dtype)
-            else:  # an index or a mask: a correct op reproduces it exactly
-                own = judge_pair(recorded, exact.to(recorded.dtype), Exact(), recorded.dtype)
+            own = judge_rounding(recorded, exact, recorded.dtype)
             if own.verdict == "fail":
                 reason = (
                     f"{r.slot} differs from a float64 rerun of the call from its own recorded "
@@ -1058,6 +1049,17 @@ def _torch_dtype(name: str | None) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise PrecisionError(f"unknown dtype {name!r} in a dump record")
     return dtype
+
+
+def lowest_float(records: Iterable[Record]) -> torch.dtype:
+    """The floating dtype with the fewest significand bits among ``records`` (float64 if none)."""
+    lowest = torch.float64
+    for record in records:
+        if record.dtype is not None:
+            dtype = _torch_dtype(record.dtype)
+            if dtype.is_floating_point:
+                lowest = lower_precision(lowest, dtype)
+    return lowest
 
 
 def _finite_or_text(value: float) -> float | str:

@@ -311,6 +311,15 @@ def get_backend(name: str) -> DeviceBackend:
         raise PrecisionInputError(f"unknown device {name!r}; known devices: {known}") from None
 
 
+def backend_of(device: str | torch.device) -> DeviceBackend:
+    """The backend of a device string (``"cuda:1"`` -> cuda), whether torch knows the kind or
+    not yet (``"npu"`` before ``torch_npu`` is imported)."""
+    kind, colon, index = str(device).partition(":")
+    if colon and not index.isdigit():
+        raise PrecisionInputError(f"not a device: {str(device)!r} (expected KIND or KIND:INDEX)")
+    return get_backend(kind)
+
+
 def available_devices() -> list[DeviceBackend]:
     """The registered backends that can run work in this process."""
     return [backend for backend in _BACKENDS.values() if backend.is_available()[0]]

@@ -1,28 +1,35 @@
-"""Rerunning one recorded op from a dump: find its callable, rebuild its arguments, call it.
+"""Rerunning one recorded op from a dump: find its callable, rebuild its arguments, call it,
+and say whether a wrong output is the op's fault (:func:`replay_op`).
 
 This is what replay verdicts and first-divergence localization stand on: given the inputs an op
 really received, does the op alone give the recorded output, and what would it give in float64?
 Names are resolved as attribute lookups at call time, never evaluated, so a patched function
 (``torch_npu`` and serving frameworks patch torch at import) is the one that reruns.
-See ``docs/replay.md`` for the mapping and for what cannot be replayed.
+See ``docs/replay.md`` for the mapping, the verdicts and what cannot be replayed.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import inspect
 import operator
+import os
 import re
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
+from ._compare import as_dump, lowest_float
+from ._devices import backend_of
 from ._errors import PrecisionError, PrecisionInputError
+from ._standards import TensorComparison, judge_rounding
 from .dump._leaves import output_leaves
-from .dump._records import Call, Record
+from .dump._records import Call, Dump, Record
 
 
 class NotReplayable(PrecisionError):
@@ -427,3 +434,196 @@ def recompute(
 def _cast_to(dtype: torch.dtype, tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """``tensor.float()`` and friends at the replay precision."""
     return tensor.to(dtype, **kwargs)
+
+
+# -- verdicts ------------------------------------------------------------------------------------
+
+Verdict = Literal["noise", "context", "op-bug"]
+#: Worst first: a call's verdict is the worst of its output slots'.
+_SEVERITY: dict[Verdict, int] = {"noise": 0, "context": 1, "op-bug": 2}
+
+
+@dataclass(frozen=True)
+class SlotReplay:
+    """One output slot of a replayed call, each side judged against the float64 rerun."""
+
+    slot: str
+    verdict: Verdict
+    #: what the dump recorded
+    recorded: TensorComparison
+    #: the op rerun alone on the device, at the recorded dtypes
+    rerun: TensorComparison
+    #: the golden dump's recorded output, when a golden was given and its shape matches
+    golden: TensorComparison | None = None
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What :func:`replay_op` found: the verdict on one recorded op on one device."""
+
+    name: str
+    module: str | None
+    step: int
+    rank: int
+    device: str
+    #: the lowest floating precision among the call's tensors, whose rounding envelope judges
+    precision: str
+    verdict: Verdict
+    reason: str
+    slots: tuple[SlotReplay, ...]
+    #: where the dump (and the golden, if any) came from
+    dump: str
+    golden: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """False only for ``op-bug``: the op itself computes wrong on this device."""
+        return self.verdict != "op-bug"
+
+    def report(self) -> str:
+        from .report._replay import replay_text
+
+        return replay_text(self)
+
+
+def replay_op(
+    dump: Dump | str | os.PathLike[str],
+    name: str,
+    device: str | torch.device = "cpu",
+    *,
+    golden: Dump | str | os.PathLike[str] | None = None,
+    step: int | None = None,
+    rank: int | None = None,
+) -> ReplayResult:
+    """Rerun the recorded op ``name`` alone on ``device`` and say whose fault a difference is.
+
+    Each output slot is judged by the rounding envelope of the call's lowest precision against
+    a float64 CPU rerun: the recorded output, the op rerun alone on ``device`` at the recorded
+    dtypes, and the golden's recorded output (reported only). The verdict is ``op-bug`` when
+    the rerun lands outside the envelope (the op alone reproduces a wrong output), ``context``
+    when only the recorded output does (the op is right; its surroundings were not), ``noise``
+    otherwise. ``step`` and ``rank`` choose among calls of the same name. Raises
+    :class:`NotReplayable` (module calls, statistics-only dumps, ...) and
+    :class:`PrecisionInputError` (unknown name, unavailable device) with a one-line reason.
+    """
+    target = as_dump(dump)
+    call = find_call(target, name, step=step, rank=rank)
+    backend_device = _available_device(device)
+    golden_dump = None if golden is None else as_dump(golden)
+    golden_call = (
+        None
+        if golden_dump is None
+        else find_call(golden_dump, name, step=call.step, rank=call.rank)
+    )
+    exact = recompute(call)
+    rerun = recompute(call, dtype=None, device=backend_device)
+    precision = lowest_float(call.records)
+    golden_outputs = {} if golden_call is None else {r.slot: r for r in golden_call.outputs}
+    # a bf16 golden of an fp32 target is judged by its own rounding
+    golden_precision = precision if golden_call is None else lowest_float(golden_call.records)
+    slots = []
+    for record in call.outputs:
+        if record.slot not in exact:
+            continue  # not a tensor: nothing to judge
+        recorded = _loaded(call, record)
+        reference = exact[record.slot]
+        other = golden_outputs.get(record.slot)
+        golden_data = None if other is None else other.load()
+        slots.append(
+            _judge_slot(
+                record.slot,
+                judge_rounding(recorded, reference, precision),
+                judge_rounding(rerun[record.slot].cpu(), reference, precision),
+                None
+                if golden_data is None or golden_data.shape != reference.shape
+                else judge_rounding(golden_data, reference, golden_precision),
+            )
+        )
+    verdict = max((s.verdict for s in slots), key=_SEVERITY.__getitem__, default="noise")
+    return ReplayResult(
+        name=call.name,
+        module=call.module,
+        step=call.step,
+        rank=call.rank,
+        device=str(backend_device),
+        precision=str(precision).removeprefix("torch."),
+        verdict=verdict,
+        reason=_reason(verdict, slots, str(backend_device), precision),
+        slots=tuple(slots),
+        dump=str(target.path),
+        golden=None if golden_dump is None else str(golden_dump.path),
+    )
+
+
+def find_call(dump: Dump, name: str, *, step: int | None = None, rank: int | None = None) -> Call:
+    """The call named exactly ``name`` (``step`` / ``rank`` choose when it recurs)."""
+    named = [c for c in dump.calls if c.name == name]
+    if not named:
+        close = difflib.get_close_matches(name, sorted({c.name for c in dump.calls}), n=5)
+        hint = f"; close names: {', '.join(close)}" if close else ""
+        raise PrecisionInputError(f"{dump.path}: no call named {name!r}{hint}")
+    chosen = [
+        c for c in named if (step is None or c.step == step) and (rank is None or c.rank == rank)
+    ]
+    if len(chosen) == 1:
+        return chosen[0]
+    where = ", ".join(f"step {c.step} rank {c.rank}" for c in named)
+    if not chosen:
+        raise PrecisionInputError(
+            f"{dump.path}: {name} is recorded at {where}, not at step {step} rank {rank}"
+        )
+    raise PrecisionInputError(
+        f"{dump.path}: {name} is recorded {len(chosen)} times ({where}); choose one with "
+        "step= and rank="
+    )
+
+
+def _available_device(device: str | torch.device) -> torch.device:
+    available, reason = backend_of(device).is_available()
+    if not available:
+        raise PrecisionInputError(f"device {str(device)!r} is not available: {reason}")
+    return torch.device(device)
+
+
+def _loaded(call: Call, record: Record) -> torch.Tensor:
+    tensor = record.load()
+    if tensor is None:
+        raise NotReplayable(
+            f"{call.name}: {record.slot} has no tensor data: the dump holds statistics only "
+            "(replay needs a dump of tensors: capture mode='tensor', msprobe task 'tensor')"
+        )
+    return tensor
+
+
+def _judge_slot(
+    slot: str,
+    recorded: TensorComparison,
+    rerun: TensorComparison,
+    golden: TensorComparison | None,
+) -> SlotReplay:
+    if rerun.verdict == "fail":
+        verdict: Verdict = "op-bug"
+    elif recorded.verdict == "fail":
+        verdict = "context"
+    else:
+        verdict = "noise"
+    return SlotReplay(slot, verdict, recorded, rerun, golden)
+
+
+def _reason(verdict: Verdict, slots: list[SlotReplay], device: str, precision: torch.dtype) -> str:
+    envelope = f"{str(precision).removeprefix('torch.')} rounding of the float64 result"
+    if not slots:
+        return "the op returns no tensor to judge"
+    if verdict == "noise":
+        return f"the recorded output and the op rerun alone on {device} are within {envelope}"
+    worst = next(s for s in slots if s.verdict == verdict)
+    if verdict == "op-bug":
+        return (
+            f"the op rerun alone on {device} lands outside {envelope} ({worst.slot}: "
+            f"{worst.rerun.reason}): it computes wrong by itself"
+        )
+    return (
+        f"the op rerun alone on {device} is within {envelope}, but the recorded {worst.slot} "
+        f"is not ({worst.recorded.reason}): the op is right, what ran around it was not "
+        "(memory stomping, stale state, another code path)"
+    )

@@ -563,3 +563,15 @@ def rounding_envelope(exact: torch.Tensor, dtype: torch.dtype) -> AllClose:
     rtol = RATIO_TIERS.get(dtype, RATIO_TIERS[torch.float32]).pass_rtol
     rms = tensor_stats(exact).norm / math.sqrt(max(exact.numel(), 1))
     return AllClose(rtol=rtol, atol=rtol * rms if math.isfinite(rms) else rtol)
+
+
+def judge_rounding(
+    actual: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype
+) -> TensorComparison:
+    """``actual``, an op's output, judged against the op's float64 result ``exact``: within the
+    :func:`rounding_envelope` of ``dtype`` for floats; an index or a mask exactly (a correct op
+    reproduces it)."""
+    exact = exact.to(actual.device)
+    if actual.is_floating_point():
+        return judge_pair(actual, exact, rounding_envelope(exact, dtype), dtype)
+    return judge_pair(actual, exact.to(actual.dtype), Exact(), actual.dtype)

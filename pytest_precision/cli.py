@@ -12,7 +12,7 @@ from ._version import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     """Exit status of every command: 0 success, 2 an error (bad input, unreadable dump);
-    ``compare`` exits 1 when the dumps diverge."""
+    ``compare`` exits 1 when the dumps diverge, ``replay`` when the op itself is wrong."""
     parser = argparse.ArgumentParser(
         prog="pytest-precision",
         description="Numerical-precision tools for LLM inference: compare, inspect, replay.",
@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_compare(subparsers)
     _add_inspect(subparsers)
+    _add_replay(subparsers)
+    _add_export_test(subparsers)
     return parser
 
 
@@ -99,6 +101,80 @@ def _inspect(args: argparse.Namespace) -> int:
     else:
         for line in list_records(dump, args.pattern):
             print(line)
+    return 0
+
+
+def _add_replay(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    replay = subparsers.add_parser(
+        "replay",
+        help="rerun one recorded op alone on each device and say whether it is the culprit",
+        description="Rerun the op call OP of a tensor dump alone, at its recorded dtypes, and "
+        "judge the recorded output, the rerun (and a golden's output) against a float64 CPU "
+        "rerun. Verdicts: op-bug (the op alone computes wrong), context (the op is right, the "
+        "recorded output is not), noise. Exit status: 0 noise or context, 1 op-bug, 2 an error.",
+    )
+    _add_call_arguments(replay)
+    replay.add_argument(
+        "--device",
+        action="append",
+        metavar="D",
+        help="device to rerun on (cpu, cuda, cuda:1, npu); repeatable; default: every available",
+    )
+    replay.set_defaults(handler=_replay)
+
+
+def _add_call_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dump", metavar="DUMP", help="dump of tensors (op or mix level)")
+    parser.add_argument("op", metavar="OP", help="the call's name (Functional.linear.3.forward)")
+    parser.add_argument("--golden", metavar="DUMP", help="a golden dump with the same call")
+    parser.add_argument("--step", type=int, metavar="N", help="the decode step, if OP recurs")
+    parser.add_argument("--rank", type=int, metavar="R", help="the rank, if OP recurs")
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from ._devices import available_devices
+    from ._replay import replay_op
+    from .dump import load_dump
+
+    dump = load_dump(args.dump)
+    golden = None if args.golden is None else load_dump(args.golden)
+    devices = args.device or [backend.name for backend in available_devices()]
+    results = [
+        replay_op(dump, args.op, device, golden=golden, step=args.step, rank=args.rank)
+        for device in devices
+    ]
+    print("\n\n".join(result.report() for result in results))
+    return 0 if all(result.passed for result in results) else 1
+
+
+def _add_export_test(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    export = subparsers.add_parser(
+        "export-test",
+        help="write a self-contained pytest file replaying one recorded op",
+        description="Write FILE, a pytest test replaying the op call OP, and next to it a mini "
+        "dump holding only that call's records (FILE's stem + '_dump'; + '_golden' with "
+        "--golden), so the test can be sent to whoever owns the kernel.",
+    )
+    _add_call_arguments(export)
+    export.add_argument("-o", "--output", required=True, metavar="FILE", help="test file to write")
+    export.add_argument("--force", action="store_true", help="overwrite existing files")
+    export.set_defaults(handler=_export_test)
+
+
+def _export_test(args: argparse.Namespace) -> int:
+    from ._replay_export import export_test
+
+    written = export_test(
+        args.dump,
+        args.op,
+        args.output,
+        golden=args.golden,
+        step=args.step,
+        rank=args.rank,
+        force=args.force,
+    )
+    for path in written:
+        print(f"wrote {path}")
     return 0
 
 

@@ -13,15 +13,16 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from . import _golden_plugin
+from . import _golden_plugin, _replay_plugin
 from ._seeds import DEFAULT_SEED, derive_seed
 
 if TYPE_CHECKING:
     from ._determinism import SeedHandle
     from ._golden import Golden
+    from ._replay_plugin import ReplayCase
 
 #: The fixtures that need torch: a run collecting a test that requests one reports the devices.
-_TORCH_FIXTURES = frozenset({"seeded", "deterministic", "golden"})
+_TORCH_FIXTURES = frozenset({"seeded", "deterministic", "golden", _replay_plugin.FIXTURE})
 #: Set when the header left the device lines to the end of collection.
 _devices_pending = pytest.StashKey[bool]()
 
@@ -50,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "precision(standard=None, rtol=None, atol=None): tolerance for this test's comparisons",
     )
+    config.addinivalue_line("markers", _replay_plugin.MARKER)
     if config.getini("precision_autoseed"):
         config.pluginmanager.register(_AutoSeed(), "precision-autoseed")
     config.pluginmanager.register(_golden_plugin.GoldenPlugin(config), _golden_plugin.PLUGIN_NAME)
@@ -99,6 +101,11 @@ def _device_lines() -> list[str]:
     return lines
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if _replay_plugin.FIXTURE in metafunc.fixturenames:  # only then is a dump (and torch) loaded
+        _replay_plugin.generate(metafunc)
+
+
 def _test_seed(request: pytest.FixtureRequest) -> int:
     session_seed = request.config.getoption("precision_seed")
     seed = derive_seed(session_seed, request.node.nodeid)
@@ -146,3 +153,11 @@ def golden() -> Golden:
     from ._golden import current_golden
 
     return current_golden()
+
+
+@pytest.fixture
+def replay_case(request: pytest.FixtureRequest) -> ReplayCase:
+    """One recorded op call on one device, from the test's ``@pytest.mark.replay``:
+    ``replay_case.check()`` fails on an ``op-bug``, ``replay_case.run()`` returns the result."""
+    case: ReplayCase = request.param
+    return case

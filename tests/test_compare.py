@@ -6,14 +6,13 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from replay_helpers import BrokenOp
 
 import examples.tiny_llama as tiny
 from examples.tiny_llama import TinyLlamaConfig, build_tiny_llama, example_input_ids
@@ -81,29 +80,6 @@ def _chunked_rotate_half(x: torch.Tensor) -> torch.Tensor:
     """A RoPE bug written with other ops: the halves are swapped the wrong way round."""
     first, second = x.chunk(2, dim=-1)
     return torch.cat((second, -first), dim=-1)
-
-
-class _BrokenSoftmax(TorchFunctionMode):
-    """A kernel bug: the second softmax call (layer 1) returns slightly wrong probabilities.
-    Entered outside the capture, so the capture records the wrong output as the op's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def __torch_function__(
-        self,
-        func: Any,
-        types: Collection[type],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if func is F.softmax:
-            self.calls += 1
-            if self.calls == 2:
-                out = out * (1 + 0.01 * torch.arange(out.shape[-1], dtype=out.dtype))
-        return out
 
 
 # -- localization ----------------------------------------------------------------------------------
@@ -213,7 +189,7 @@ def test_a_broken_kernel_is_convicted_where_it_runs(
 ) -> None:
     golden = dumps(mode)  # before the kernel breaks
     model = build_tiny_llama(CONFIG)
-    with _BrokenSoftmax(), torch.no_grad(), capture(model, tmp_path / "t", mode=mode):
+    with BrokenOp(F.softmax, 2), torch.no_grad(), capture(model, tmp_path / "t", mode=mode):
         model(IDS)
     d = compare_dumps(golden, tmp_path / "t").first_divergence
     assert d is not None

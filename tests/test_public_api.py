@@ -14,6 +14,8 @@ EXPECTED = {
     "StatsComparison",
     "UnmatchedCall",
     "compare_dumps",
+    "ReplayResult",
+    "replay_op",
     "AllClose",
     "Comparison",
     "DeterminismWarning",

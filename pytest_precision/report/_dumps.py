@@ -61,7 +61,7 @@ def _divergence_lines(d: Divergence) -> list[str]:
         f"  cause:  {d.cause}: {d.reason}",
     ]
     if isinstance(d.metrics, TensorComparison):
-        lines.append(f"  metrics: {_tensor_metrics(d.metrics)}")
+        lines.append(f"  metrics: {tensor_metrics(d.metrics)}")
     return lines
 
 
@@ -81,7 +81,7 @@ def _no_divergence(result: DumpComparison) -> str:
     return text
 
 
-def _tensor_metrics(m: TensorComparison) -> str:
+def tensor_metrics(m: TensorComparison) -> str:
     index = "" if m.max_abs_index is None else f" at {tuple(m.max_abs_index)}"
     return (
         f"cosine {m.cosine:.6g}, max abs err {m.max_abs_err:.3g}{index}, "

@@ -1,0 +1,91 @@
+"""One recorded op as a self-contained pytest file, to mail to the team that owns the kernel.
+
+The file replays the op with the ``replay`` marker from a mini dump next to it that holds only
+that call's records (and the golden call's, in a second folder), so neither the whole dump nor
+the model is needed to reproduce the verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ._compare import as_dump
+from ._errors import PrecisionError
+from ._golden_layout import atomic_write
+from ._replay import find_call, resolve_op
+from ._version import __version__
+from .dump._extract import write_calls
+from .dump._records import Dump
+
+_TEMPLATE = '''"""Replay of {name} from {source}.
+
+Exported by pytest-precision {version}: the folder {dump_folder!r} next to this file holds only
+this call's recorded inputs and outputs. Run `pytest {file}` with pytest-precision installed;
+the test fails when the op, rerun alone, lands outside its dtype's rounding envelope.
+"""
+
+import pytest
+
+
+@pytest.mark.replay({dump_folder!r}, ops={glob!r}{golden_option})
+def test_{test_name}(replay_case):
+    replay_case.check()
+'''
+
+
+def export_test(
+    dump: Dump | str | os.PathLike[str],
+    name: str,
+    file: str | os.PathLike[str],
+    *,
+    golden: Dump | str | os.PathLike[str] | None = None,
+    step: int | None = None,
+    rank: int | None = None,
+    force: bool = False,
+) -> list[Path]:
+    """Write the test ``file`` and its mini dump(s) next to it; the paths written. Refuses to
+    overwrite anything unless ``force``."""
+    target = as_dump(dump)
+    call = find_call(target, name, step=step, rank=rank)
+    resolve_op(call)  # a module call or an unreplayable op is refused before anything is written
+    golden_call = None
+    if golden is not None:
+        golden_dump = as_dump(golden)
+        golden_call = find_call(golden_dump, name, step=call.step, rank=call.rank)
+    test_file = Path(file)
+    if test_file.suffix != ".py":
+        raise PrecisionError(f"{test_file}: the test file must end with .py")
+    stem = test_file.stem
+    folders = {"dump": test_file.with_name(f"{stem}_dump")}
+    if golden_call is not None:
+        folders["golden"] = test_file.with_name(f"{stem}_golden")
+    written = [test_file, *folders.values()]
+    existing = [p for p in written if p.exists()]
+    if existing and not force:
+        raise PrecisionError(
+            f"{', '.join(map(str, existing))} already exist(s); pass --force to overwrite"
+        )
+    for path in existing:
+        if path.is_dir():
+            shutil.rmtree(path)
+    info = {"level": "op", "mode": "tensor", "exported_from": str(target.path), "call": call.name}
+    write_calls([call], folders["dump"], info=info)
+    if golden_call is not None:
+        info = {**info, "exported_from": str(golden_dump.path)}
+        write_calls([golden_call], folders["golden"], info=info)
+    golden_option = f", golden={folders['golden'].name!r}" if "golden" in folders else ""
+    text = _TEMPLATE.format(
+        name=call.name,
+        source=target.path,
+        version=__version__,
+        dump_folder=folders["dump"].name,
+        file=test_file.name,
+        glob=re.sub(r"([*?\[])", r"[\1]", call.name),
+        golden_option=golden_option,
+        test_name=re.sub(r"\W+", "_", call.name).strip("_").lower(),
+    )
+    atomic_write(test_file, text.encode())
+    return written

@@ -1,0 +1,162 @@
+"""The replay side of the pytest plugin: the ``replay`` marker and the ``replay_case`` fixture.
+
+A test marked ``@pytest.mark.replay(dump, ops=..., devices=None, golden=None)`` that requests
+``replay_case`` becomes one test per recorded op call matching ``ops`` and per device. This
+module imports no torch itself: only a test carrying the marker loads a dump (and torch).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from ._errors import PrecisionError, PrecisionWarning
+
+if TYPE_CHECKING:
+    from ._replay import ReplayResult
+    from .dump import Dump
+
+FIXTURE = "replay_case"
+MARKER = (
+    "replay(dump, ops='*', devices=None, golden=None): run the test once per op call of `dump` "
+    "whose name matches the glob(s) `ops` and per device (default: every available one); the "
+    "`replay_case` fixture reruns that op and judges it"
+)
+
+
+@dataclass(frozen=True)
+class ReplayCase:
+    """One recorded op call on one device; ``check()`` fails the test on an ``op-bug``."""
+
+    dump: str
+    name: str
+    device: str
+    step: int
+    rank: int
+    golden: str | None = None
+
+    def run(self) -> ReplayResult:
+        """Replay the op (see :func:`pytest_precision.replay_op`)."""
+        from ._replay import replay_op
+
+        golden = None if self.golden is None else _load(self.golden)
+        return replay_op(
+            _load(self.dump), self.name, self.device, golden=golden, step=self.step, rank=self.rank
+        )
+
+    def check(self) -> ReplayResult:
+        """Fail with the report on ``op-bug``; on ``context`` pass with a PrecisionWarning
+        carrying it (the op is fine, what ran around it was not)."""
+        __tracebackhide__ = True
+        result = self.run()
+        if result.verdict == "op-bug":
+            raise AssertionError(result.report())
+        if result.verdict == "context":
+            warnings.warn(PrecisionWarning(result.report()), stacklevel=2)
+        return result
+
+
+@functools.cache
+def _load(path: str) -> Dump:
+    """Each dump is read once per process, however many cases replay from it."""
+    from .dump import load_dump
+
+    return load_dump(path)
+
+
+def generate(metafunc: pytest.Metafunc) -> None:
+    """Parametrize a test requesting ``replay_case`` over its marker's calls and devices."""
+    marker = metafunc.definition.get_closest_marker("replay")
+    test = metafunc.definition.nodeid
+    if marker is None:
+        pytest.fail(
+            f"{test}: the {FIXTURE} fixture needs @pytest.mark.replay(dump, ops=...) on the test",
+            pytrace=False,
+        )
+    try:
+        params, ids = _cases(marker, metafunc.definition.path.parent)
+    except (PrecisionError, TypeError) as exc:
+        problem = str(exc)
+    else:
+        metafunc.parametrize(FIXTURE, params, ids=ids, indirect=True)
+        return
+    pytest.fail(f"{test}: @pytest.mark.replay: {problem}", pytrace=False)  # not in the except:
+    # the user's mistake is the whole story, without the exception it replaced
+
+
+def _cases(marker: pytest.Mark, folder: Path) -> tuple[list[Any], list[str]]:
+    options = _options(*marker.args, **marker.kwargs)
+    dump_path = _resolve(folder, options["dump"])
+    golden = options["golden"]
+    golden_path = None if golden is None else _resolve(folder, golden)
+    calls = _matching(_load(dump_path), _globs(options["ops"]))
+    if golden_path is not None:
+        _load(golden_path)  # a missing golden is the marker's error, not every case's
+    devices = _devices(options["devices"])
+    several = len({(c.name, c.step, c.rank) for c in calls}) > len({c.name for c in calls})
+    params, ids = [], []
+    for call in calls:
+        where = f"-step{call.step}-rank{call.rank}" if several else ""
+        for device, unavailable in devices:
+            case = ReplayCase(dump_path, call.name, device, call.step, call.rank, golden_path)
+            marks = () if unavailable is None else (pytest.mark.skip(reason=unavailable),)
+            params.append(pytest.param(case, marks=marks))
+            ids.append(f"{call.name}{where}-{device}")
+    return params, ids
+
+
+def _options(
+    dump: str | os.PathLike[str] | None = None,
+    ops: str | Sequence[str] = "*",
+    devices: str | Sequence[str] | None = None,
+    golden: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    if dump is None:
+        raise TypeError("the dump to replay from is missing: replay(dump, ops=...)")
+    return {"dump": dump, "ops": ops, "devices": devices, "golden": golden}
+
+
+def _resolve(folder: Path, path: str | os.PathLike[str]) -> str:
+    """A path relative to the test file's folder, as a string (cases are printable)."""
+    return os.fspath(folder / Path(path))
+
+
+def _globs(ops: str | Sequence[str]) -> tuple[str, ...]:
+    globs = (ops,) if isinstance(ops, str) else tuple(ops)
+    if not globs or not all(isinstance(g, str) for g in globs):
+        raise TypeError(f"ops must be a glob or a list of globs, got {ops!r}")
+    return globs
+
+
+def _matching(dump: Dump, globs: tuple[str, ...]) -> list[Any]:
+    ops = [c for c in dump.calls if c.kind != "Module"]
+    calls = [c for c in ops if any(fnmatch.fnmatchcase(c.name, g) for g in globs)]
+    if not calls:
+        some = ", ".join(sorted({c.name for c in ops})[:5]) or "none: it holds module calls only"
+        raise PrecisionError(
+            f"no op call of {dump.path} matches {' or '.join(globs)} (op calls: {some})"
+        )
+    return calls
+
+
+def _devices(devices: str | Sequence[str] | None) -> list[tuple[str, str | None]]:
+    """Each device with why it cannot run here (None: it can). Without a list, the available
+    backends; a listed unavailable device still gets its cases, which skip with the reason."""
+    from ._devices import available_devices, backend_of
+
+    if devices is None:
+        return [(backend.name, None) for backend in available_devices()]
+    listed = (devices,) if isinstance(devices, str) else tuple(devices)
+    out = []
+    for device in listed:
+        available, reason = backend_of(device).is_available()
+        out.append((str(device), None if available else f"{device} is not available: {reason}"))
+    return out

@@ -1,0 +1,63 @@
+"""A small native dump cut out of a larger one: only the records of the chosen calls.
+
+``pytest-precision export-test`` ships one op's inputs and outputs to whoever owns the kernel,
+without the gigabytes of the whole dump. The folder appears complete or not at all: it is
+written under a temporary name next to its destination and renamed into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._errors import PrecisionError
+from ._native import encode_value
+from ._records import Call
+from ._writer import DumpWriter
+
+
+def write_calls(calls: Sequence[Call], path: Path, *, info: dict[str, Any]) -> None:
+    """Write ``calls`` (every record, data included) as a one-rank native dump at ``path``,
+    which must not exist; ``info`` goes into the manifest."""
+    path = Path(path)
+    if path.exists():
+        raise PrecisionError(f"{path}: already exists")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        writer = DumpWriter(staging, rank=0, world_size=1, info=info, background=False)
+        writer.start()
+        for number, record in enumerate(r for call in calls for r in call.records):
+            entry = {
+                "name": record.name,
+                "kind": record.kind,
+                "op": record.op,
+                "module": record.module,
+                "parent": record.parent,
+                "step": record.step,
+                "slot": record.slot,
+                "dtype": record.dtype,
+                "shape": None if record.shape is None else list(record.shape),
+                "value": None if record.is_tensor else encode_value(record.value),
+            }
+            if record.stride is not None:
+                entry["stride"] = list(record.stride)
+            tensor = record.load()
+            if tensor is not None:
+                writer.add(entry, key=str(number), tensor=tensor.contiguous())
+            elif record.stats is not None:
+                writer.add(entry, key=str(number), stats=record.stats)
+            else:
+                writer.add(entry)
+        writer.close()
+        staging.chmod(0o755)  # mkdtemp made it private; a dump folder is not
+        os.replace(staging, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(staging)
+        raise

@@ -1,0 +1,38 @@
+"""How a :class:`~pytest_precision._replay.ReplayResult` reads in a terminal."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._compare import layer_of
+from ._dumps import tensor_metrics
+
+if TYPE_CHECKING:
+    from .._replay import ReplayResult
+    from .._standards import TensorComparison
+
+
+def replay_text(result: ReplayResult) -> str:
+    """The call, where it sits, the verdict and why, then each output slot's three sides."""
+    lines = [
+        f"replay {result.name} (step {result.step}, rank {result.rank}) on {result.device}: "
+        f"{result.verdict}",
+        f"  module:  {result.module or '(top level)'}    layer: "
+        f"{layer_of(result.module) or '(none)'}",
+        f"  dump:    {result.dump}" + (f"    golden: {result.golden}" if result.golden else ""),
+        f"  reason:  {result.reason}",
+        f"  each output vs a float64 CPU rerun, within {result.precision} rounding:",
+    ]
+    for slot in result.slots:
+        lines.append(f"  {slot.slot}: {slot.verdict}")
+        lines.append(_side("recorded", slot.recorded))
+        lines.append(_side(f"rerun on {result.device}", slot.rerun))
+        if slot.golden is not None:
+            lines.append(_side("golden", slot.golden))
+        elif result.golden is not None:
+            lines.append("    golden: no output of this shape in the golden's call")
+    return "\n".join(lines)
+
+
+def _side(label: str, m: TensorComparison) -> str:
+    return f"    {label}: {m.verdict}, {tensor_metrics(m)}"

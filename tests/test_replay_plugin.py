@@ -1,0 +1,198 @@
+"""The ``replay`` marker and ``replay_case`` fixture, and ``pytest-precision export-test``, run
+in real pytest subprocesses on captures of the tiny Llama."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from replay_helpers import BrokenOp, capture_llama
+
+from pytest_precision import load_dump
+from pytest_precision._devices import available_devices
+from pytest_precision.cli import main
+
+SILU_0 = "Functional.silu.0.forward"
+SILUS = (SILU_0, "Functional.silu.1.forward")
+
+CASES = """
+import pytest
+
+
+@pytest.mark.replay("dumps/clean", ops="Functional.linear.*")
+def test_linear(replay_case):
+    replay_case.check()
+
+
+@pytest.mark.replay(
+    "dumps/clean",
+    ops=["Functional.silu.*", "Functional.softmax.0.forward"],
+    devices=["cpu", "cuda"],
+)
+def test_listed(replay_case):
+    assert replay_case.check().verdict == "noise"
+
+
+@pytest.mark.replay("dumps/context", ops="Functional.softmax.*", devices="cpu")
+def test_context(replay_case):
+    replay_case.check()
+"""
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``clean`` and ``context`` (layer 1's softmax kernel skewed while recording) captures."""
+    root = tmp_path_factory.mktemp("captures")
+    capture_llama(root / "clean")
+    capture_llama(root / "context", broken=BrokenOp())
+    return root
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, captures: Path) -> pytest.Pytester:
+    """A test file in a subfolder, with its dumps beside it (paths relative to the file)."""
+    for name in ("clean", "context"):
+        shutil.copytree(captures / name, pytester.path / "sub" / "dumps" / name)
+    (pytester.path / "sub" / "test_cases.py").write_text(CASES)
+    return pytester
+
+
+def test_the_marker_makes_one_case_per_call_and_device(
+    project: pytest.Pytester, captures: Path
+) -> None:
+    linear = sorted(
+        (c.name for c in load_dump(captures / "clean").calls if c.name.startswith("Functional.l")),
+        key=lambda name: int(name.split(".")[2]),
+    )
+    assert len(linear) == 15  # 7 per layer and the head
+    devices = [backend.name for backend in available_devices()]
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q")
+    ids = [line for line in result.stdout.lines if "::" in line]
+    expected_linear = [f"sub/test_cases.py::test_linear[{n}-{d}]" for n in linear for d in devices]
+    listed = [
+        f"sub/test_cases.py::test_listed[{name}-{device}]"
+        for name in ("Functional.softmax.0.forward", *SILUS)
+        for device in ("cpu", "cuda")
+    ]
+    assert ids[: len(expected_linear)] == expected_linear
+    assert sorted(ids[len(expected_linear) : -2]) == sorted(listed)
+    assert ids[-2:] == [
+        "sub/test_cases.py::test_context[Functional.softmax.0.forward-cpu]",
+        "sub/test_cases.py::test_context[Functional.softmax.1.forward-cpu]",
+    ]
+
+
+@pytest.mark.parametrize("args", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_cases_run_skip_and_warn(project: pytest.Pytester, args: list[str]) -> None:
+    cuda = any(backend.name == "cuda" for backend in available_devices())
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-rs", *args)
+    linear = 15 * len(available_devices())
+    skipped = 0 if cuda else 3
+    result.assert_outcomes(passed=linear + 6 - skipped + 2, skipped=skipped, warnings=1)
+    if not cuda:
+        result.stdout.fnmatch_lines(["SKIPPED [[]3[]] *: cuda is not available: *"])
+    # the context case passes, with the report as a PrecisionWarning
+    result.stdout.fnmatch_lines(
+        [
+            "*test_context?Functional.softmax.1.forward-cpu?*",
+            "*PrecisionWarning: replay Functional.softmax.1.forward (step 0, rank 0) on cpu: "
+            "context",
+        ]
+    )
+
+
+BAD_MARKERS = {
+    "test_no_dump.py": '@pytest.mark.replay("missing", ops="*")',
+    "test_no_match.py": '@pytest.mark.replay("dumps/clean", ops="Functional.nothing.*")',
+    "test_no_marker.py": "",
+}
+
+
+def test_a_bad_marker_is_a_collection_error(project: pytest.Pytester) -> None:
+    for name, marker in BAD_MARKERS.items():
+        test = f"import pytest\n\n{marker}\ndef test_it(replay_case):\n    replay_case.check()\n"
+        (project.path / "sub" / name).write_text(test)
+    result = project.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "sub/test_no_dump.py",
+        "sub/test_no_match.py",
+        "sub/test_no_marker.py",
+    )
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*sub/test_no_dump.py::test_it: @pytest.mark.replay: *missing*",
+            "*sub/test_no_match.py::test_it: @pytest.mark.replay: no op call of *clean matches "
+            "Functional.nothing.* (op calls: *",
+            "*sub/test_no_marker.py::test_it: the replay_case fixture needs "
+            "@pytest.mark.replay(dump, ops=...) on the test",
+        ]
+    )
+    assert "Traceback" not in result.stdout.str()
+    assert "During handling" not in result.stdout.str()
+    assert "def generate" not in result.stdout.str()
+
+
+# -- export-test ---------------------------------------------------------------------------------
+
+BROKEN_SILU_CONFTEST = """
+import torch
+import torch.nn.functional as F
+
+right = F.silu
+
+
+def broken(x, inplace=False):
+    # a low-precision kernel bug; float64, the reference, takes the right path
+    out = right(x)
+    return out if x.dtype == torch.float64 else out * 1.01
+
+
+F.silu = broken
+"""
+
+
+def test_export_test_round_trip(pytester: pytest.Pytester, captures: Path) -> None:
+    test_file = pytester.path / "mail" / "test_silu.py"
+    dump, args = captures / "clean", ["-o", str(test_file), "--golden", str(captures / "clean")]
+    assert main(["export-test", str(dump), SILU_0, *args]) == 0
+    mini = load_dump(test_file.with_name("test_silu_dump"))
+    assert [c.name for c in mini.calls] == [SILU_0]
+    assert [c.name for c in load_dump(test_file.with_name("test_silu_golden")).calls] == [SILU_0]
+    original = next(c for c in load_dump(dump).calls if c.name == SILU_0)
+    assert [r.slot for r in mini.calls[0].records] == [r.slot for r in original.records]
+    assert sum(f.stat().st_size for f in test_file.parent.rglob("*") if f.is_file()) < 64 << 10
+
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "mail")
+    result.assert_outcomes(passed=1)
+
+    (pytester.path / "mail" / "conftest.py").write_text(BROKEN_SILU_CONFTEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "mail")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"*AssertionError: replay {SILU_0} (step 0, rank 0) on cpu: op-bug",
+            "*reason:  the op rerun alone on cpu lands outside float32 rounding*",
+            "*golden: pass, cosine *",
+        ]
+    )
+
+
+def test_export_test_refuses_to_overwrite(
+    tmp_path: Path, captures: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["export-test", str(captures / "clean"), SILU_0, "-o", str(tmp_path / "test_op.py")]
+    assert main(args) == 0
+    first = (tmp_path / "test_op.py").read_text()
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "already exist(s); pass --force to overwrite" in capsys.readouterr().err
+    assert main([*args, "--force"]) == 0
+    assert (tmp_path / "test_op.py").read_text() == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test_op.py", "test_op_dump"]
+    module = "Module.model.LlamaModel.forward.0"
+    assert main([*args[:2], module, "-o", str(tmp_path / "test_module.py")]) == 2
+    assert "is a module's forward, not an op" in capsys.readouterr().err
+    assert not (tmp_path / "test_module_dump").exists()

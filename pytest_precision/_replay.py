@@ -497,8 +497,8 @@ def replay_op(
 ) -> ReplayResult:
     """Rerun the recorded op ``name`` alone on ``device`` and say whose fault a difference is.
 
-    Each output slot is judged by the rounding envelope of the call's lowest precision against
-    a float64 CPU rerun: the recorded output, the op rerun alone on ``device`` at the recorded
+    Each output slot is judged by the rounding envelope of its own dtype against a float64 CPU
+    rerun: the recorded output, the op rerun alone on ``device`` at the recorded
     dtypes, and the golden's recorded output (reported only). The verdict is ``op-bug`` when
     the rerun lands outside the envelope (the op alone reproduces a wrong output), ``context``
     when only the recorded output does (the op is right; its surroundings were not), ``noise``
@@ -517,16 +517,16 @@ def replay_op(
     )
     exact = recompute(call)
     rerun = recompute(call, dtype=None, device=backend_device)
-    precision = lowest_float(call.records)
     golden_outputs = {} if golden_call is None else {r.slot: r for r in golden_call.outputs}
-    # a bf16 golden of an fp32 target is judged by its own rounding
-    golden_precision = precision if golden_call is None else lowest_float(golden_call.records)
     slots = []
     for record in call.outputs:
         if record.slot not in exact:
             continue  # not a tensor: nothing to judge
         recorded = _loaded(call, record)
         reference = exact[record.slot]
+        # each output to its own dtype's rounding: an fp32 softmax in a bf16 model must be
+        # right to fp32 rounding; a bf16 golden of an fp32 target to bf16 rounding
+        precision = lowest_float([record])
         other = golden_outputs.get(record.slot)
         golden_data = None if other is None else other.load()
         slots.append(
@@ -535,10 +535,11 @@ def replay_op(
                 judge_rounding(recorded, reference, precision),
                 judge_rounding(rerun[record.slot].cpu(), reference, precision),
                 None
-                if golden_data is None or golden_data.shape != reference.shape
-                else judge_rounding(golden_data, reference, golden_precision),
+                if other is None or golden_data is None or golden_data.shape != reference.shape
+                else judge_rounding(golden_data, reference, lowest_float([other])),
             )
         )
+    precision = lowest_float(call.outputs)
     verdict = max((s.verdict for s in slots), key=_SEVERITY.__getitem__, default="noise")
     return ReplayResult(
         name=call.name,

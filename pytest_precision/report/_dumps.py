@@ -27,15 +27,43 @@ def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
         f"records: {len(result.records)} compared: "
         + ", ".join(f"{n} {status}" for status, n in result.counts().items()),
     ]
+    lines += _incomplete(result)
     divergence = result.first_divergence
     lines += _divergence_lines(divergence) if divergence else [_no_divergence(result)]
-    failing = sorted(
-        (r for r in result.records if r.failed), key=lambda r: r.error_level, reverse=True
-    )
+    if result.inputs_diverged is not None:
+        d = result.inputs_diverged
+        lines.append(f"inputs diverged: {_clip(d.reason)}")
+    failing = _worst(result.records)
     if failing and worst > 0:
-        lines.append(f"worst records ({min(worst, len(failing))} of {len(failing)} failing):")
+        lines.append(f"worst calls ({min(worst, len(failing))} of {len(failing)} with failures):")
         lines += [f"  {_record_line(r)}" for r in failing[:worst]]
     return "\n".join(lines)
+
+
+def _incomplete(result: DumpComparison) -> list[str]:
+    if result.matched_calls == 0:
+        return ["incomplete: no call of one dump matches a call of the other"]
+    return [
+        f"incomplete: step {step} rank {rank} is only in the {side} ({calls} calls not compared)"
+        for side, step, rank, calls in result.one_sided[:_SHOWN_UNMATCHED]
+    ]
+
+
+def _worst(records: list[RecordComparison]) -> list[RecordComparison]:
+    """The worst failing record of each call (one tensor is often one call's output and the
+    next call's input: listing both says nothing new), worst first."""
+    by_call: dict[tuple[int, int, str], RecordComparison] = {}
+    for r in records:
+        if not r.failed:
+            continue
+        key = (r.rank, r.step, r.name)
+        kept = by_call.get(key)
+        if kept is None or (r.error_level, r.slot.startswith("output")) > (
+            kept.error_level,
+            kept.slot.startswith("output"),
+        ):
+            by_call[key] = r
+    return sorted(by_call.values(), key=lambda r: r.error_level, reverse=True)
 
 
 def _unmatched(result: DumpComparison) -> str:
@@ -58,7 +86,7 @@ def _divergence_lines(d: Divergence) -> list[str]:
     lines = [
         f"first divergence: {d.name}{renamed}, {where}",
         f"  module: {d.module or '(top level)'}    layer: {d.layer or '(none)'}",
-        f"  cause:  {d.cause}: {d.reason}",
+        f"  cause:  {d.cause}: {_clip(d.reason, 400)}",
     ]
     if isinstance(d.metrics, TensorComparison):
         lines.append(f"  metrics: {tensor_metrics(d.metrics)}")
@@ -68,17 +96,18 @@ def _divergence_lines(d: Divergence) -> list[str]:
 def _no_divergence(result: DumpComparison) -> str:
     failing = result.counts()["fail"]
     if not failing:
-        return "no divergence: every record is within the standard"
-    text = (
+        return "no divergence: every compared record is within the standard"
+    if result.unverified:
+        return (
+            f"inconclusive: {failing} record(s) differ beyond the standard and no call is proven "
+            f"guilty, but {len(result.unverified)} drifting call(s) could not be rerun (first: "
+            f"{result.unverified[0]}); they were cleared only because they did not amplify "
+            "their inputs' error 100x. Capture tensors (mode='tensor') to rerun them"
+        )
+    return (
         f"no divergence: {failing} record(s) differ beyond the standard, but no call is guilty: "
         "each carried the drift of its inputs without adding error of its own (noise)"
     )
-    if result.unverified:
-        text += (
-            f"; {len(result.unverified)} drifting call(s) could not be rerun and were cleared "
-            f"only because they did not amplify their inputs' error (first: {result.unverified[0]})"
-        )
-    return text
 
 
 def tensor_metrics(m: TensorComparison) -> str:
@@ -91,36 +120,49 @@ def tensor_metrics(m: TensorComparison) -> str:
 
 def _record_line(r: RecordComparison) -> str:
     module = f" [{r.module}]" if r.module else ""
-    return f"{r.name}.{r.slot}{module}: {r.reason}"
+    return _clip(f"{r.name}.{r.slot}{module}: {r.reason}")
+
+
+def _clip(text: str, width: int = 160) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def write_dump_comparison_json(result: DumpComparison, path: Path) -> None:
     """The whole comparison as one JSON document, written atomically."""
-    d = result.first_divergence
     document = {
         "golden": str(result.golden.path),
         "target": str(result.target.path),
         "passed": result.passed,
+        "complete": result.complete,
         "counts": result.counts(),
         "matched_calls": result.matched_calls,
-        "first_divergence": None
-        if d is None
-        else {
-            "name": d.name,
-            "golden_name": d.golden_name,
-            "module": d.module,
-            "layer": d.layer,
-            "rank": d.rank,
-            "step": d.step,
-            "cause": d.cause,
-            "reason": d.reason,
-            "record": d.record.to_dict(),
-        },
+        "first_divergence": _divergence_dict(result.first_divergence),
+        "inputs_diverged": _divergence_dict(result.inputs_diverged),
+        "one_sided": [
+            {"side": side, "step": step, "rank": rank, "calls": calls}
+            for side, step, rank, calls in result.one_sided
+        ],
         "unmatched": [vars(u) for u in result.unmatched],
         "unverified": result.unverified,
         "records": [r.to_dict() for r in result.records],
     }
     atomic_write(path, (json.dumps(document, indent=1) + "\n").encode())
+
+
+def _divergence_dict(d: Divergence | None) -> dict[str, object] | None:
+    if d is None:
+        return None
+    return {
+        "name": d.name,
+        "golden_name": d.golden_name,
+        "module": d.module,
+        "layer": d.layer,
+        "rank": d.rank,
+        "step": d.step,
+        "cause": d.cause,
+        "reason": d.reason,
+        "record": d.record.to_dict(),
+    }
 
 
 def write_dump_comparison_csv(result: DumpComparison, path: Path) -> None:

@@ -1,26 +1,13 @@
-"""Dump against dump: align the calls, compare every record, find where the error started.
+"""Dump against dump: compare every record of aligned calls, find where the error started.
 
-Calls are aligned by what they are (kind, op, module), not by their names: one extra op in the
-target shifts every later call counter (``Functional.linear.7`` becomes ``.8``), which must not
-turn into dozens of false differences. Then the target is walked in the order calls finished
-(an op before the module around it, a layer's modules before the layer). Each call's records
-are judged by the standard of the lowest precision among them (bf16 data a call upcasts to fp32
-is still bf16 data), and the call is judged for guilt, not for difference. Its cause is:
-
-- ``source``: an input that no earlier call produced differs (a weight, a buffer, a model
-  input, or a constant argument such as a softmax scale or a slice);
-- ``wiring``: an input is the output of a different call than in the golden;
-- ``unmatched``: an input comes from a call the golden does not make (different code);
-- ``rerun``: an output differs, and rerunning the call in float64 from the target's own
-  recorded inputs shows that it added error beyond the rounding of its dtype;
-- ``output``: an output differs although the inputs (and, for a module, the weights inside it)
-  match exactly, and the call cannot be rerun (statistics-only dump, module, unknown op);
-- ``amplification`` (weak evidence, reported only when nothing else is found): inputs differ
-  slightly, the call cannot be rerun, and its output's error level is more than
-  :data:`AMPLIFICATION` times its inputs'.
-
-A call whose output differs only because its inputs did is innocent: that is accumulated
-rounding (noise), as in a bf16 run compared with an fp32 one.
+The calls are aligned in :mod:`._alignment`. The target is then walked in the order calls
+finished (an op before the module around it, a layer's modules before the layer, step after
+step), every record judged against its golden, and every call judged for guilt, not for
+difference: its inputs match but its output does not; an input from nowhere differs (a weight, a
+constant); an input comes from another call or from code only one run has; or a float64 rerun
+from its own recorded inputs shows that it computes wrong. A call whose output differs only
+because its inputs did is innocent: that is accumulated rounding (noise), as in a bf16 run
+compared with an fp32 one. The rules and their causes: ``docs/compare.md``.
 """
 
 from __future__ import annotations

@@ -95,20 +95,30 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         c = self.config
+        q, k, v = self.heads(x, cos, sin)
+        scale = c.attention_scale if c.attention_scale is not None else 1 / math.sqrt(c.head_dim)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+        scores = scores.masked_fill(mask, float("-inf"))
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return self.merge_heads(torch.matmul(probs, v))
+
+    def heads(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v per head, rotated, with k and v repeated for every query head (a variant
+        such as a fused-kernel attention reuses this and replaces only the attention itself)."""
+        c = self.config
         batch, seq, _ = x.shape
         q = self.q_proj(x).view(batch, seq, c.num_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         groups = c.num_heads // c.num_kv_heads
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-        scale = c.attention_scale if c.attention_scale is not None else 1 / math.sqrt(c.head_dim)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-        scores = scores.masked_fill(mask, float("-inf"))
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs, v).transpose(1, 2).reshape(batch, seq, -1)
-        return self.o_proj(out)
+        return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        batch, _, seq, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class MLP(nn.Module):

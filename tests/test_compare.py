@@ -389,16 +389,8 @@ def _sdpa_attention(
     self: tiny.Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: object
 ) -> torch.Tensor:
     """The same attention through the fused kernel: other ops, the same values up to rounding."""
-    c = self.config
-    batch, seq, _ = x.shape
-    q = self.q_proj(x).view(batch, seq, c.num_heads, c.head_dim).transpose(1, 2)
-    k = self.k_proj(x).view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
-    v = self.v_proj(x).view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
-    q, k = tiny.apply_rotary(q, cos, sin), tiny.apply_rotary(k, cos, sin)
-    groups = c.num_heads // c.num_kv_heads
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+    q, k, v = self.heads(x, cos, sin)
+    return self.merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
 def _without_attention_residual(self: tiny.DecoderLayer, x: Any, cos: Any, sin: Any, m: Any) -> Any:

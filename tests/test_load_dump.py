@@ -63,3 +63,22 @@ def test_step_folder_without_ranks_is_incomplete(tmp_path: Path) -> None:
     with pytest.raises(DumpFormatError, match="incomplete msprobe dump") as info:
         load_dump(tmp_path)
     assert info.value.path == str(tmp_path / "step1")
+
+
+def test_a_safetensors_file_replaced_on_disk_is_read_afresh(tmp_path: Path) -> None:
+    """Open files are cached (a header is parsed once, not once per tensor), but a file
+    rewritten under the same name is never served from the old handle."""
+    import os
+
+    import safetensors.torch
+    import torch
+
+    from pytest_precision.dump._safe_io import load_safetensors_tensor
+
+    path = tmp_path / "t.safetensors"
+    for value in (1.0, 2.0, 3.0):
+        temp = tmp_path / "new.safetensors"
+        safetensors.torch.save_file({"x": torch.full((4,), value)}, str(temp))
+        os.replace(temp, path)
+        assert load_safetensors_tensor(path, "x").tolist() == [value] * 4
+        assert load_safetensors_tensor(path, "x").tolist() == [value] * 4

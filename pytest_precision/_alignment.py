@@ -39,13 +39,15 @@ def signature(call: Call, with_module: bool) -> Hashable:
 
 
 def _align(golden: list[Call], target: list[Call], with_module: bool) -> Segment:
+    # msprobe lists a module after its ops, our captures before them: align in one order
+    golden, target = completion_order(golden), completion_order(target)
     g_sigs = [signature(c, with_module) for c in golden]
     t_sigs = [signature(c, with_module) for c in target]
     pairs = _matching_blocks(g_sigs, t_sigs)
     partner = {id(target[t]): golden[g] for g, t in pairs}
     matched_golden = {g for g, _ in pairs}
     golden_only = [c for i, c in enumerate(golden) if i not in matched_golden]
-    return [(partner.get(id(t)), t) for t in completion_order(target)], golden_only
+    return [(partner.get(id(t)), t) for t in target], golden_only
 
 
 def _matching_blocks(golden: list[Hashable], target: list[Hashable]) -> list[tuple[int, int]]:

@@ -30,6 +30,7 @@ from ._errors import PrecisionError, PrecisionInputError
 from ._standards import TensorComparison, judge_rounding
 from .dump._leaves import output_leaves
 from .dump._records import Call, Dump, Record
+from .dump._safe_io import dtype_name
 
 
 class NotReplayable(PrecisionError):
@@ -59,13 +60,14 @@ _RANDOM_WHEN_TRAINING = {
 }
 #: Ops whose output is uninitialized memory (or partly: ``resize_`` growing a tensor).
 _UNINITIALIZED = ("empty", "new_empty", "resize")
-#: Collective communication: the other ranks are not there to rerun with.
+#: Collective communication: the other ranks are not there to rerun with. ``gather``,
+#: ``scatter``, ``reduce`` and ``broadcast`` are collectives only as ``Distributed`` calls:
+#: ``Tensor.gather`` and ``Tensor.scatter_`` are everyday ops.
 # fmt: off
 _COMMUNICATION = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather",
-    "scatter", "send", "recv", "isend", "irecv", "barrier", "allgather_base",
-    "reduce_scatter_base",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "isend",
+    "irecv", "barrier", "allgather_base", "reduce_scatter_base",
 })
 # fmt: on
 #: In-place operators that are dunders (other in-place ops end with one ``_``).
@@ -106,12 +108,21 @@ def _refuse_by_name(call: Call) -> None:
         )
     if name in _RANDOM:
         raise NotReplayable(f"{call.name} is a random op: a rerun draws different numbers")
+    if name == "scaled_dot_product_attention" and _argument_value(call, 4, "dropout_p"):
+        raise NotReplayable(f"{call.name} is a random op: dropout_p > 0 draws a fresh mask")
     if name in _RANDOM_WHEN_TRAINING:
         position, default = _RANDOM_WHEN_TRAINING[name]
         if _training_flag(call, position, default) is not False:
             raise NotReplayable(
                 f"{call.name} is a random op: {name} with training=True draws a fresh mask"
             )
+
+
+def _argument_value(call: Call, position: int, keyword: str) -> Any:
+    for record in call.inputs:
+        if record.slot in (f"input.{position}", f"kwargs.{keyword}"):
+            return record.value
+    return None
 
 
 def _training_flag(call: Call, position: int, default: bool) -> Any:
@@ -428,7 +439,22 @@ def recompute(
         slot: value for slot, value in output_leaves(result) if isinstance(value, torch.Tensor)
     }
     _check_outputs(call, outputs)
+    if dtype is None:
+        _check_output_dtypes(call, outputs)
     return outputs
+
+
+def _check_output_dtypes(call: Call, outputs: dict[str, torch.Tensor]) -> None:
+    """At the recorded dtypes the rerun must give the recorded dtypes; otherwise the recorded
+    run chose another kernel (``torch.autocast``, a dtype policy) and the rerun tests another."""
+    for record in call.outputs:
+        rerun = outputs.get(record.slot)
+        if record.is_tensor and rerun is not None and record.dtype != dtype_name(rerun.dtype):
+            raise NotReplayable(
+                f"{call.name}: the rerun gives {record.slot} in {dtype_name(rerun.dtype)}, the "
+                f"dump records {record.dtype}: the op ran under torch.autocast or another "
+                "dtype policy, so a plain rerun would test another kernel"
+            )
 
 
 def _cast_to(dtype: torch.dtype, tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -498,7 +524,8 @@ def replay_op(
     """Rerun the recorded op ``name`` alone on ``device`` and say whose fault a difference is.
 
     Each output slot is judged by the rounding envelope of its own dtype against a float64 CPU
-    rerun: the recorded output, the op rerun alone on ``device`` at the recorded
+    rerun (indices and masks against the CPU rerun at the recorded dtypes; see
+    :class:`Reference`): the recorded output, the op rerun alone on ``device`` at the recorded
     dtypes, and the golden's recorded output (reported only). The verdict is ``op-bug`` when
     the rerun lands outside the envelope (the op alone reproduces a wrong output), ``context``
     when only the recorded output does (the op is right; its surroundings were not), ``noise``
@@ -515,31 +542,30 @@ def replay_op(
         if golden_dump is None
         else find_call(golden_dump, name, step=call.step, rank=call.rank)
     )
-    exact = recompute(call)
+    reference = Reference(call)
     rerun = recompute(call, dtype=None, device=backend_device)
     golden_outputs = {} if golden_call is None else {r.slot: r for r in golden_call.outputs}
     slots = []
     for record in call.outputs:
-        if record.slot not in exact:
+        recorded_judged = None
+        if record.slot in reference.exact:
+            recorded_judged = reference.judge(record.slot, _loaded(call, record), saturate=True)
+        if recorded_judged is None:
             continue  # not a tensor: nothing to judge
-        recorded = _loaded(call, record)
-        reference = exact[record.slot]
-        # each output to its own dtype's rounding: an fp32 softmax in a bf16 model must be
-        # right to fp32 rounding; a bf16 golden of an fp32 target to bf16 rounding
-        precision = lowest_float([record])
+        rerun_judged = reference.judge(record.slot, rerun[record.slot].cpu(), saturate=True)
+        assert rerun_judged is not None  # recompute checked slots and shapes
         other = golden_outputs.get(record.slot)
         golden_data = None if other is None else other.load()
         slots.append(
             _judge_slot(
                 record.slot,
-                judge_rounding(recorded, reference, precision),
-                judge_rounding(rerun[record.slot].cpu(), reference, precision),
-                None
-                if other is None or golden_data is None or golden_data.shape != reference.shape
-                else judge_rounding(golden_data, reference, lowest_float([other])),
+                recorded_judged,
+                rerun_judged,
+                None if golden_data is None else reference.judge(record.slot, golden_data),
             )
         )
     precision = lowest_float(call.outputs)
+    overflowed = reference.overflowed
     verdict = max((s.verdict for s in slots), key=_SEVERITY.__getitem__, default="noise")
     return ReplayResult(
         name=call.name,
@@ -549,11 +575,61 @@ def replay_op(
         device=str(backend_device),
         precision=str(precision).removeprefix("torch."),
         verdict=verdict,
-        reason=_reason(verdict, slots, str(backend_device), precision),
+        reason=_reason(verdict, slots, str(backend_device), precision)
+        + (
+            f"; the float64 result overflows {dtype_name(precision)} ({', '.join(overflowed)}), "
+            "where +-inf is the right answer: a range problem of the model, not of the op"
+            if overflowed
+            else ""
+        ),
         slots=tuple(slots),
         dump=str(target.path),
         golden=None if golden_dump is None else str(golden_dump.path),
     )
+
+
+class Reference:
+    """What a correct op gives for a recorded call, judged output by output: the float64 rerun
+    for floats (within the rounding of the output's dtype), the CPU rerun at the recorded
+    dtypes for indices and masks (``x > 0.1`` compares with 0.1 rounded to the input's dtype,
+    which the float64 rerun does not)."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.exact = recompute(call)
+        self._same_dtypes: dict[str, torch.Tensor] | None = None
+        #: "slot: n element(s)" for each output whose float64 result overflows its dtype
+        self.overflowed: list[str] = []
+
+    def judge(
+        self, slot: str, actual: torch.Tensor, *, saturate: bool = False
+    ) -> TensorComparison | None:
+        """``actual`` (a recorded or rerun output) against the reference; None where the call
+        has no such output. ``saturate``: where the float64 result overflows the dtype, +-inf
+        is right (IEEE rounding gives it)."""
+        exact = self.exact.get(slot)
+        if exact is None or tuple(exact.shape) != tuple(actual.shape):
+            return None
+        if actual.is_floating_point():
+            if saturate:
+                exact = self._saturated(slot, exact, actual.dtype)
+            return judge_rounding(actual, exact, actual.dtype)
+        if not actual.is_complex():
+            if self._same_dtypes is None:
+                self._same_dtypes = recompute(self.call, dtype=None)
+            exact = self._same_dtypes[slot]
+        return judge_rounding(actual, exact, actual.dtype)
+
+    def _saturated(self, slot: str, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        cast = exact.to(dtype)
+        over = cast.isinf() & exact.isfinite()
+        count = int(over.sum())
+        if not count:
+            return exact
+        note = f"{slot}: {count} element(s)"
+        if note not in self.overflowed:
+            self.overflowed.append(note)
+        return torch.where(over, cast.to(exact.dtype), exact)
 
 
 def find_call(dump: Dump, name: str, *, step: int | None = None, rank: int | None = None) -> Call:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 
 from ._compare import as_dump
@@ -58,24 +57,45 @@ def export_test(
     test_file = Path(file)
     if test_file.suffix != ".py":
         raise PrecisionError(f"{test_file}: the test file must end with .py")
+    missing = [r.slot for r in call.records if r.is_tensor and r.loader is None]
+    if missing:
+        raise PrecisionError(
+            f"{target.path}: {call.name} has no tensor data for {', '.join(missing[:3])} (a "
+            "statistics-only dump); export-test needs a dump of tensors (capture mode='tensor')"
+        )
     stem = test_file.stem
     folders = {"dump": test_file.with_name(f"{stem}_dump")}
     if golden_call is not None:
         folders["golden"] = test_file.with_name(f"{stem}_golden")
+    sources = [target.path] + ([golden_dump.path] if golden_call is not None else [])
+    for folder in folders.values():
+        for source in sources:
+            if _overlap(folder, source):
+                raise PrecisionError(
+                    f"{folder} would overwrite the dump it exports from ({source}); choose "
+                    "another name for the test file"
+                )
     written = [test_file, *folders.values()]
     existing = [p for p in written if p.exists()]
     if existing and not force:
         raise PrecisionError(
             f"{', '.join(map(str, existing))} already exist(s); pass --force to overwrite"
         )
-    for path in existing:
-        if path.is_dir():
-            shutil.rmtree(path)
-    info = {"level": "op", "mode": "tensor", "exported_from": str(target.path), "call": call.name}
-    write_calls([call], folders["dump"], info=info)
+    info = {
+        "level": "op",
+        "mode": "tensor",
+        "exported_from": str(Path(target.path).resolve()),
+        "recorded_environment": target.environment,
+        "call": call.name,
+    }
+    write_calls([call], folders["dump"], info=info, replace=force)
     if golden_call is not None:
-        info = {**info, "exported_from": str(golden_dump.path)}
-        write_calls([golden_call], folders["golden"], info=info)
+        info = {
+            **info,
+            "exported_from": str(Path(golden_dump.path).resolve()),
+            "recorded_environment": golden_dump.environment,
+        }
+        write_calls([golden_call], folders["golden"], info=info, replace=force)
     golden_option = f", golden={folders['golden'].name!r}" if "golden" in folders else ""
     text = _TEMPLATE.format(
         name=call.name,
@@ -89,3 +109,9 @@ def export_test(
     )
     atomic_write(test_file, text.encode())
     return written
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    """One path is the other or inside it."""
+    a, b = Path(a).resolve(), Path(b).resolve()
+    return a == b or a in b.parents or b in a.parents

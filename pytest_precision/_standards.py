@@ -572,6 +572,10 @@ def judge_rounding(
     :func:`rounding_envelope` of ``dtype`` for floats; an index or a mask exactly (a correct op
     reproduces it)."""
     exact = exact.to(actual.device)
+    if actual.is_complex():  # real and imaginary parts, each to the rounding of its parts
+        actual, exact = torch.view_as_real(actual), torch.view_as_real(exact.to(actual.dtype))
+        dtype = actual.dtype
+        exact = exact.double()
     if actual.is_floating_point():
         return judge_pair(actual, exact, rounding_envelope(exact, dtype), dtype)
     return judge_pair(actual, exact.to(actual.dtype), Exact(), actual.dtype)

@@ -32,8 +32,9 @@ def _add_compare(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         help="compare two dumps and find the first call that went wrong",
         description="Align the calls of two dumps (native or msprobe), compare every record and "
         "report the first divergence: the call, its module and layer, and why it is guilty. "
-        "Exit status: 0 no divergence, 1 a divergence or an incomplete comparison (steps or "
-        "ranks only one dump has), 2 an error.",
+        "Exit status: 0 no divergence, 1 a divergence, an incomplete comparison (steps or "
+        "ranks only one dump has) or an inconclusive one (drifting calls that could not be "
+        "rerun), 2 an error.",
     )
     compare.add_argument("golden", metavar="GOLDEN", help="the reference dump")
     compare.add_argument("target", metavar="TARGET", help="the dump under test")
@@ -187,12 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.handler(args))
+    except BrokenPipeError:  # output piped into `head`: not an error (before OSError, its base)
+        sys.stderr.close()
+        return 0
     except (PrecisionError, OSError) as exc:  # OSError: an output file that cannot be written
         print(f"pytest-precision {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # output piped into `head`: not an error
-        sys.stderr.close()
-        return 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -110,3 +111,13 @@ def test_command_line_has_no_traceback(tmp_path: Path) -> None:
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().endswith("entry 'Torch.add.0.forward' is not a JSON object")
+
+
+def test_output_piped_into_a_closed_pipe_is_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # closed by main, like `head` leaves it
+    assert main(["inspect", str(MSPROBE_FIXTURES / "l1_tensor_ranks"), "--list"]) == 0

@@ -205,7 +205,7 @@ def test_a_broken_kernel_is_convicted_where_it_runs(
     assert (d.cause, d.name) == (cause, "Functional.softmax.1.forward")
     assert (d.module, d.layer) == ("model.layers.1.self_attn", "model.layers.1")
     if cause == "rerun":
-        assert "float64 rerun" in d.reason
+        assert "rerun of the call from its own recorded inputs" in d.reason
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -340,7 +340,7 @@ def test_cli_exit_status_and_files(
     assert "first divergence: Functional.linear.13.forward" in out
     assert "worst calls (1 of" in out
     assert json.loads(json_file.read_text())["first_divergence"]["cause"] == "source"
-    assert csv_file.read_text().startswith("name,golden_name,slot")
+    assert csv_file.read_text().startswith("name,golden_name,kind,op,slot")
     code, out, err = _cli(capsys, golden, str(tmp_path / "missing"))
     assert (code, out) == (2, "")
     assert err.startswith("pytest-precision compare: error: ")

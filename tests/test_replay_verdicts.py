@@ -86,8 +86,9 @@ def test_a_wrong_recorded_output_of_a_right_op_is_context(dumps: Callable[[str],
 def test_an_op_that_computes_wrong_alone_is_an_op_bug(
     dumps: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clean = dumps("clean")  # captured before the op breaks
     monkeypatch.setattr(F, "silu", _broken_silu)  # resolved by name at replay time
-    result = replay_op(dumps("clean"), SILU_0)
+    result = replay_op(clean, SILU_0)
     assert result.verdict == "op-bug"
     assert not result.passed
     (slot,) = result.slots
@@ -105,8 +106,9 @@ def test_an_op_bug_outranks_context(
         right = torch.softmax(x, -1)
         return right if x.dtype == torch.float64 else right * 1.01
 
+    context = dumps("context")  # captured before the op breaks
     monkeypatch.setattr(F, "softmax", broken_softmax)
-    assert replay_op(dumps("context"), SOFTMAX_1).verdict == "op-bug"
+    assert replay_op(context, SOFTMAX_1).verdict == "op-bug"
 
 
 def test_the_report(dumps: Callable[[str], Path]) -> None:
@@ -221,8 +223,9 @@ def test_cli_op_bug_exits_1(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    steps = dumps("steps")  # captured before the op breaks
     monkeypatch.setattr(F, "silu", _broken_silu)
-    code, out, _ = _cli(capsys, dumps("steps"), SILU_0, "--step", "1", "--rank", "0")
+    code, out, _ = _cli(capsys, steps, SILU_0, "--step", "1", "--rank", "0")
     assert code == 1
     assert out.startswith(f"replay {SILU_0} (step 1, rank 0) on cpu: op-bug\n")
 

@@ -21,11 +21,14 @@ from ._records import Call
 from ._writer import DumpWriter
 
 
-def write_calls(calls: Sequence[Call], path: Path, *, info: dict[str, Any]) -> None:
-    """Write ``calls`` (every record, data included) as a one-rank native dump at ``path``,
-    which must not exist; ``info`` goes into the manifest."""
+def write_calls(
+    calls: Sequence[Call], path: Path, *, info: dict[str, Any], replace: bool = False
+) -> None:
+    """Write ``calls`` (every record, data included) as a one-rank native dump at ``path``;
+    ``info`` goes into the manifest. An existing ``path`` is refused, or with ``replace``
+    swapped out only once the new folder is complete."""
     path = Path(path)
-    if path.exists():
+    if path.exists() and not replace:
         raise PrecisionError(f"{path}: already exists")
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
@@ -56,8 +59,19 @@ def write_calls(calls: Sequence[Call], path: Path, *, info: dict[str, Any]) -> N
                 writer.add(entry)
         writer.close()
         staging.chmod(0o755)  # mkdtemp made it private; a dump folder is not
-        os.replace(staging, path)
+        _swap_in(staging, path)
     except BaseException:
         with contextlib.suppress(OSError):
             shutil.rmtree(staging)
         raise
+
+
+def _swap_in(staging: Path, path: Path) -> None:
+    """Rename ``staging`` to ``path``; an old ``path`` is moved aside first and deleted last."""
+    if not path.exists():
+        os.replace(staging, path)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+    os.replace(path, old / path.name)
+    os.replace(staging, path)
+    shutil.rmtree(old)

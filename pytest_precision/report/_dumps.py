@@ -97,17 +97,29 @@ def _no_divergence(result: DumpComparison) -> str:
     failing = result.counts()["fail"]
     if not failing:
         return "no divergence: every compared record is within the standard"
-    if result.unverified:
+    if result.verdict == "inconclusive":
         return (
             f"inconclusive: {failing} record(s) differ beyond the standard and no call is proven "
             f"guilty, but {len(result.unverified)} drifting call(s) could not be rerun (first: "
             f"{result.unverified[0]}); they were cleared only because they did not amplify "
-            "their inputs' error 100x. Capture tensors (mode='tensor') to rerun them"
+            f"their inputs' error 100x. {_remedy(result)}"
         )
     return (
         f"no divergence: {failing} record(s) differ beyond the standard, but no call is guilty: "
         "each carried the drift of its inputs without adding error of its own (noise)"
     )
+
+
+def _remedy(result: DumpComparison) -> str:
+    """What capture would let every call be rerun."""
+    target = result.target
+    op_level = any(c.kind != "Module" for c in target.calls)
+    has_data = any(r.loader is not None for r in target.records)
+    if not has_data:
+        return "Capture tensors (mode='tensor') so that they can be rerun"
+    if not op_level:
+        return "Capture at the op or mix level: modules are not rerun, their ops are"
+    return "Those ops cannot be rerun here (see the unverified list)"
 
 
 def tensor_metrics(m: TensorComparison) -> str:
@@ -132,6 +144,7 @@ def write_dump_comparison_json(result: DumpComparison, path: Path) -> None:
     document = {
         "golden": str(result.golden.path),
         "target": str(result.target.path),
+        "verdict": result.verdict,
         "passed": result.passed,
         "complete": result.complete,
         "counts": result.counts(),

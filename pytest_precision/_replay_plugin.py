@@ -44,13 +44,22 @@ class ReplayCase:
     golden: str | None = None
 
     def run(self) -> ReplayResult:
-        """Replay the op (see :func:`pytest_precision.replay_op`)."""
-        from ._replay import replay_op
+        """Replay the op (see :func:`pytest_precision.replay_op`); an op that cannot be rerun
+        (random, uninitialized memory, ...) skips the test with the reason."""
+        from ._replay import NotReplayable, replay_op
 
         golden = None if self.golden is None else _load(self.golden)
-        return replay_op(
-            _load(self.dump), self.name, self.device, golden=golden, step=self.step, rank=self.rank
-        )
+        try:
+            return replay_op(
+                _load(self.dump),
+                self.name,
+                self.device,
+                golden=golden,
+                step=self.step,
+                rank=self.rank,
+            )
+        except NotReplayable as exc:
+            pytest.skip(f"not replayable: {exc}")
 
     def check(self) -> ReplayResult:
         """Fail with the report on ``op-bug``; on ``context`` pass with a PrecisionWarning
@@ -93,7 +102,12 @@ def generate(metafunc: pytest.Metafunc) -> None:
 
 
 def _cases(marker: pytest.Mark, folder: Path) -> tuple[list[Any], list[str]]:
-    options = _options(*marker.args, **marker.kwargs)
+    try:
+        options = _options(*marker.args, **marker.kwargs)
+    except TypeError as exc:  # a wrong argument: say it in the marker's own terms
+        problem = str(exc).replace("_options()", "replay()")
+        signature = "replay(dump, ops='*', devices=None, golden=None)"
+        raise TypeError(f"{problem} (signature: {signature})") from None
     dump_path = _resolve(folder, options["dump"])
     golden = options["golden"]
     golden_path = None if golden is None else _resolve(folder, golden)
@@ -130,6 +144,8 @@ def _resolve(folder: Path, path: str | os.PathLike[str]) -> str:
 
 
 def _globs(ops: str | Sequence[str]) -> tuple[str, ...]:
+    if not isinstance(ops, (str, list, tuple)):
+        raise TypeError(f"ops must be a glob or a list of globs, got {ops!r}")
     globs = (ops,) if isinstance(ops, str) else tuple(ops)
     if not globs or not all(isinstance(g, str) for g in globs):
         raise TypeError(f"ops must be a glob or a list of globs, got {ops!r}")
@@ -144,6 +160,11 @@ def _matching(dump: Dump, globs: tuple[str, ...]) -> list[Any]:
         raise PrecisionError(
             f"no op call of {dump.path} matches {' or '.join(globs)} (op calls: {some})"
         )
+    if not any(r.loader is not None for c in calls for r in c.records):
+        raise PrecisionError(
+            f"{dump.path} holds statistics only; replay needs a dump of tensors "
+            "(capture mode='tensor', msprobe task 'tensor')"
+        )
     return calls
 
 
@@ -154,6 +175,10 @@ def _devices(devices: str | Sequence[str] | None) -> list[tuple[str, str | None]
 
     if devices is None:
         return [(backend.name, None) for backend in available_devices()]
+    if not isinstance(devices, (str, list, tuple)) or not devices:
+        raise TypeError(
+            f"devices must be a device name or a non-empty list of them, got {devices!r}"
+        )
     listed = (devices,) if isinstance(devices, str) else tuple(devices)
     out = []
     for device in listed:

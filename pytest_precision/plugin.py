@@ -104,6 +104,12 @@ def _device_lines() -> list[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if _replay_plugin.FIXTURE in metafunc.fixturenames:  # only then is a dump (and torch) loaded
         _replay_plugin.generate(metafunc)
+    elif metafunc.definition.get_closest_marker("replay") is not None:
+        pytest.fail(
+            f"{metafunc.definition.nodeid}: @pytest.mark.replay needs the test to request the "
+            f"{_replay_plugin.FIXTURE} fixture",
+            pytrace=False,
+        )
 
 
 def _test_seed(request: pytest.FixtureRequest) -> int:

@@ -42,10 +42,12 @@ def test_context(replay_case):
 
 @pytest.fixture(scope="module")
 def captures(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``clean`` and ``context`` (layer 1's softmax kernel skewed while recording) captures."""
+    """``clean``, ``context`` (layer 1's softmax kernel skewed while recording) and
+    ``statistics`` captures."""
     root = tmp_path_factory.mktemp("captures")
     capture_llama(root / "clean")
     capture_llama(root / "context", broken=BrokenOp())
+    capture_llama(root / "statistics", mode="statistics")
     return root
 
 
@@ -106,6 +108,8 @@ BAD_MARKERS = {
     "test_no_dump.py": '@pytest.mark.replay("missing", ops="*")',
     "test_no_match.py": '@pytest.mark.replay("dumps/clean", ops="Functional.nothing.*")',
     "test_no_marker.py": "",
+    "test_bad_ops.py": '@pytest.mark.replay("dumps/clean", ops=5)',
+    "test_bad_keyword.py": '@pytest.mark.replay("dumps/clean", opz="*")',
 }
 
 
@@ -113,14 +117,13 @@ def test_a_bad_marker_is_a_collection_error(project: pytest.Pytester) -> None:
     for name, marker in BAD_MARKERS.items():
         test = f"import pytest\n\n{marker}\ndef test_it(replay_case):\n    replay_case.check()\n"
         (project.path / "sub" / name).write_text(test)
-    result = project.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        "sub/test_no_dump.py",
-        "sub/test_no_match.py",
-        "sub/test_no_marker.py",
+    (project.path / "sub" / "test_no_fixture.py").write_text(
+        'import pytest\n\n@pytest.mark.replay("missing")\ndef test_it():\n    pass\n'
     )
-    result.assert_outcomes(errors=3)
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", *(f"sub/{name}" for name in BAD_MARKERS), "sub/test_no_fixture.py"
+    )
+    result.assert_outcomes(errors=6)
     result.stdout.fnmatch_lines_random(
         [
             "*sub/test_no_dump.py::test_it: @pytest.mark.replay: *missing*",
@@ -128,6 +131,12 @@ def test_a_bad_marker_is_a_collection_error(project: pytest.Pytester) -> None:
             "Functional.nothing.* (op calls: *",
             "*sub/test_no_marker.py::test_it: the replay_case fixture needs "
             "@pytest.mark.replay(dump, ops=...) on the test",
+            "*sub/test_bad_ops.py::test_it: @pytest.mark.replay: ops must be a glob or a list "
+            "of globs, got 5",
+            "*sub/test_bad_keyword.py::test_it: @pytest.mark.replay: replay() got an unexpected "
+            "keyword argument 'opz' (signature: *",
+            "*sub/test_no_fixture.py::test_it: @pytest.mark.replay needs the test to request "
+            "the replay_case fixture",
         ]
     )
     assert "Traceback" not in result.stdout.str()
@@ -196,3 +205,25 @@ def test_export_test_refuses_to_overwrite(
     assert main([*args[:2], module, "-o", str(tmp_path / "test_module.py")]) == 2
     assert "is a module's forward, not an op" in capsys.readouterr().err
     assert not (tmp_path / "test_module_dump").exists()
+
+
+def test_export_test_never_overwrites_the_dump_it_reads(
+    tmp_path: Path, captures: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    source = tmp_path / "npu_dump"
+    shutil.copytree(captures / "clean", source)
+    args = ["export-test", str(source), SILU_0, "-o", str(tmp_path / "npu.py"), "--force"]
+    assert main(args) == 2
+    assert "would overwrite the dump it exports from" in capsys.readouterr().err
+    assert load_dump(source).calls  # intact
+
+
+def test_export_test_refuses_a_statistics_dump(
+    tmp_path: Path, captures: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["export-test", str(captures / "statistics"), SILU_0, "-o", str(tmp_path / "t.py")]
+    assert main(args) == 2
+    assert "statistics-only dump" in capsys.readouterr().err
+    assert not (tmp_path / "t.py").exists()

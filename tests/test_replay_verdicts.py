@@ -251,3 +251,77 @@ def test_cli_errors_exit_2(
     assert err.startswith("pytest-precision replay: error: ")
     assert message in err
     assert "Traceback" not in err
+
+
+# -- ops beyond the tiny Llama (what review found) ------------------------------------------------
+
+
+class _Everyday(torch.nn.Module):
+    """Ops of real LLM code that a float64 reference alone would misjudge."""
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        picked = x.gather(-1, ids)  # logprob extraction: not a collective
+        above = x > 0.1  # compares with 0.1 rounded to bf16, not with 0.1 itself
+        big = x.to(torch.float16) * 40000.0  # overflows float16: +-inf is the right answer
+        turned = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2)) * 1j
+        return picked, above, big, turned
+
+
+@pytest.fixture(scope="module")
+def everyday(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pytest_precision import capture
+
+    path = tmp_path_factory.mktemp("everyday") / "dump"
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, generator=gen) * 3
+    x[0, :4] = 0.1  # bf16 rounds it up to 0.10009765625: above 0.1, not above bf16(0.1)
+    x = x.bfloat16()
+    ids = torch.randint(0, 16, (4, 2), generator=gen)
+    with torch.no_grad(), capture(_Everyday(), path, level="op") as cap:
+        cap.model(x, ids)
+    return path
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Tensor.gather.0.forward",
+        "Tensor.gt.0.forward",
+        "Tensor.mul.0.forward",
+        "Tensor.mul.1.forward",
+    ],
+)
+def test_everyday_ops_of_a_clean_capture_are_noise(everyday: Path, name: str) -> None:
+    names = {c.name for c in load_dump(everyday).calls}
+    assert name in names, sorted(names)
+    result = replay_op(everyday, name)
+    assert result.verdict == "noise", result.report()
+
+
+def test_an_overflow_of_the_output_dtype_is_said(everyday: Path) -> None:
+    result = replay_op(everyday, "Tensor.mul.0.forward")
+    assert "overflows float16" in result.reason
+
+
+def test_an_op_recorded_under_autocast_is_not_rerun_as_another_kernel(tmp_path: Path) -> None:
+    from pytest_precision import capture
+
+    linear = torch.nn.Linear(8, 8)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    with torch.no_grad(), capture(linear, tmp_path / "d", level="op") as cap, autocast:
+        cap.model(torch.randn(2, 8))
+    with pytest.raises(NotReplayable, match=r"ran under torch\.autocast"):
+        replay_op(tmp_path / "d", "Functional.linear.0.forward")
+
+
+def test_attention_with_dropout_is_random(tmp_path: Path) -> None:
+    from pytest_precision import capture
+
+    class Attention(torch.nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+
+    with torch.no_grad(), capture(Attention(), tmp_path / "d", level="op") as cap:
+        cap.model(torch.randn(1, 2, 4, 8))
+    with pytest.raises(NotReplayable, match="dropout_p > 0"):
+        replay_op(tmp_path / "d", "Functional.scaled_dot_product_attention.0.forward")

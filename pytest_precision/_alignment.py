@@ -20,29 +20,39 @@ from .dump._records import Call
 Segment = tuple[list[tuple[Call | None, Call]], list[Call]]
 
 
-def align(golden: Sequence[Call], target: Sequence[Call]) -> dict[tuple[int, int], Segment]:
+def align(
+    golden: Sequence[Call], target: Sequence[Call], *, with_dtypes: bool = False
+) -> dict[tuple[int, int], Segment]:
     """Each (step, rank)'s aligned walk, in step then rank order. A (step, rank) that only one
-    side has is a segment whose calls all lack a partner."""
+    side has is a segment whose calls all lack a partner. ``with_dtypes`` (for runs that keep
+    their dtypes) adds the output dtype to the signature of casts, so that a cast to float32
+    never pairs with a cast back to bfloat16."""
     with_module = all(c.module is not None for c in (*golden, *target) if c.kind != "Module")
     by_key: dict[tuple[int, int], tuple[list[Call], list[Call]]] = {}
     for side, calls in ((0, golden), (1, target)):
         for call in calls:
             by_key.setdefault((call.step, call.rank), ([], []))[side].append(call)
-    return {key: _align(*by_key[key], with_module) for key in sorted(by_key)}
+    return {key: _align(*by_key[key], with_module, with_dtypes) for key in sorted(by_key)}
 
 
-def signature(call: Call, with_module: bool) -> Hashable:
+def signature(call: Call, with_module: bool, with_dtypes: bool = False) -> Hashable:
     op = call.op[2:-2] if call.op.startswith("__") and call.op.endswith("__") else call.op
     module = call.module if call.kind == "Module" or with_module else None
     shapes = tuple(r.shape for r in call.outputs if r.is_tensor)
-    return call.kind, op, module, shapes
+    casts = with_dtypes and op in _CASTS
+    dtypes = tuple(r.dtype for r in call.outputs if r.is_tensor) if casts else ()
+    return call.kind, op, module, shapes, dtypes
 
 
-def _align(golden: list[Call], target: list[Call], with_module: bool) -> Segment:
+#: Ops that change a dtype: with ``with_dtypes`` their output dtype is part of what they are.
+_CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as"})
+
+
+def _align(golden: list[Call], target: list[Call], with_module: bool, with_dtypes: bool) -> Segment:
     # msprobe lists a module after its ops, our captures before them: align in one order
     golden, target = completion_order(golden), completion_order(target)
-    g_sigs = [signature(c, with_module) for c in golden]
-    t_sigs = [signature(c, with_module) for c in target]
+    g_sigs = [signature(c, with_module, with_dtypes) for c in golden]
+    t_sigs = [signature(c, with_module, with_dtypes) for c in target]
     pairs = _matching_blocks(g_sigs, t_sigs)
     partner = {id(target[t]): golden[g] for g, t in pairs}
     matched_golden = {g for g, _ in pairs}

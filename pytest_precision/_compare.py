@@ -414,7 +414,8 @@ class _Judge:
         # content (``x.to(x.dtype)`` returns ``x``).
         self.produced: dict[_Key, list[RecordComparison]] = {}
         self.golden_produced: dict[_Key, set[tuple[str, str]]] = {}
-        self.golden_only: set[str] = set()
+        #: calls only the golden makes: name -> module path
+        self.golden_only: dict[str, str | None] = {}
         self.unmatched_outputs: dict[_Key, str] = {}
         #: the module parameters of the target by content, to name the weight an op received
         self.parameters = {
@@ -600,7 +601,7 @@ class _Judge:
         """Calls only the golden makes: a target input whose golden counterpart came from one
         of them was wired differently (an op or residual the target lost)."""
         for call in calls:
-            self.golden_only.add(call.name)
+            self.golden_only[call.name] = call.module
             self._remember_golden(call)
 
     def remember_unmatched(self, target: Call) -> None:
@@ -790,7 +791,11 @@ class _Judge:
             where = f"comes from {stranger}, a call the golden does not make"
         else:
             assert lost is not None
-            where = f"is, in the golden, {lost[0]}'s {lost[1]}, a call the target does not make"
+            module = self.golden_only.get(lost[0])
+            inside = f" (in {module})" if module else ""
+            where = (
+                f"is, in the golden, {lost[0]}'s {lost[1]}{inside}, a call the target does not make"
+            )
         reason = f"{r.slot} {where}, and differs beyond rounding from the golden's ({r.reason})"
         module = target.module or ""
         if target.kind == "Module":

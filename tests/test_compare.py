@@ -455,7 +455,7 @@ def test_a_lost_residual_is_found_where_the_golden_adds_it(
     d = result.first_divergence
     assert d is not None
     assert (d.cause, d.layer) == ("unmatched", "model.layers.1")
-    assert "a call the target does not make" in d.reason
+    assert "(in model.layers.1), a call the target does not make" in d.reason
     assert [(u.side, u.module) for u in result.unmatched] == [("golden", "model.layers.1")]
 
 

@@ -287,14 +287,15 @@ def compare_dumps(
         with_dtypes=by_name.golden is not None and not by_name.crosses,
     )
     matched = [(g, t) for walk, _ in segments.values() for g, t in walk if g is not None]
-    judge = _Judge(standard, RunPrecision.learn(matched), [t for _, t in matched])
-    # float64 statistics of the same weights agree to the last bits; msprobe's are computed
-    # in the tensor's dtype, so only two native dumps can hold weights to that
-    judge.exact_weight_stats = golden_dump.format == target_dump.format == "native"
-    for call in golden_dump.calls:  # each step and rank in the golden's own order
-        judge.golden_calls.setdefault((call.step, call.rank), []).append(call)
-    for key, calls in judge.golden_calls.items():
-        judge.golden_calls[key] = completion_order(calls)
+    judge = _Judge(
+        standard,
+        RunPrecision.learn(matched),
+        [t for _, t in matched],
+        golden_dump,
+        # float64 statistics of the same weights agree to the last bits; msprobe's are
+        # computed in the tensor's dtype, so only two native dumps can hold weights to that
+        exact_weight_stats=golden_dump.format == target_dump.format == "native",
+    )
     result = DumpComparison(golden_dump, target_dump, [], None)
     total = sum(len(walk) for walk, _ in segments.values())
     done = 0
@@ -404,6 +405,9 @@ class _Judge:
         standard: Standard | StandardName | None,
         precision: RunPrecision,
         target_calls: Sequence[Call],
+        golden: Dump,
+        *,
+        exact_weight_stats: bool,
     ) -> None:
         self.standard = standard
         self.precision = precision
@@ -437,10 +441,13 @@ class _Judge:
         self.unverified: list[str] = []
         self.inputs_diverged: Divergence | None = None
         self.failing_steps: set[int] = set()
-        #: the golden's calls by (step, rank), in completion order
-        self.golden_calls: dict[tuple[int, int], list[Call]] = {}
+        #: the golden's calls by (step, rank), each in completion order
+        by_step_rank: dict[tuple[int, int], list[Call]] = {}
+        for call in golden.calls:
+            by_step_rank.setdefault((call.step, call.rank), []).append(call)
+        self.golden_calls = {key: completion_order(c) for key, c in by_step_rank.items()}
         #: weights' statistics must agree to 1e-12 (both dumps computed them in float64)
-        self.exact_weight_stats = True
+        self.exact_weight_stats = exact_weight_stats
         #: comparisons of stored tensor pairs, by (golden data id, target data id, dtype, exact)
         self.judged: dict[tuple[str, str, torch.dtype, bool], TensorComparison] = {}
 

@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _timing import best_seconds
 
 from examples.tiny_llama import TinyLlamaConfig, build_tiny_llama, example_input_ids
-from pytest_precision import _kernels, capture, tensor_stats
+from pytest_precision import capture, tensor_stats
 from pytest_precision.dump._writer import DumpWriter
+from pytest_precision.numerics import _kernels
 
 CONFIG_100M = TinyLlamaConfig(
     vocab_size=16000,

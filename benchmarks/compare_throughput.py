@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 from _timing import best_seconds
 
-from pytest_precision import _kernels, compare_tensors
+from pytest_precision import compare_tensors
+from pytest_precision.numerics import _kernels
 
 
 def _rss_bytes() -> int:

@@ -13,21 +13,20 @@ import typing
 from ._version import __version__
 
 if typing.TYPE_CHECKING:
-    from ._assertions import Comparison, assert_close
-    from ._compare import (
+    from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
+    from .compare._dumps import compare_dumps
+    from .compare._results import (
         Divergence,
         DumpComparison,
         RecordComparison,
         StatsComparison,
         UnmatchedCall,
-        compare_dumps,
     )
-    from ._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
-    from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
-    from ._golden import Golden, assert_close_to_golden
-    from ._metrics import TensorStats, tensor_stats
-    from ._replay import ReplayResult, replay_op
-    from ._standards import (
+    from .dump import Dump, Record, capture, load_dump
+    from .golden._golden import Golden, assert_close_to_golden
+    from .numerics._assertions import Comparison, assert_close
+    from .numerics._comparison import TensorComparison, compare_tensors, default_standard
+    from .numerics._standards import (
         AllClose,
         Exact,
         Ratio,
@@ -35,13 +34,12 @@ if typing.TYPE_CHECKING:
         Reference,
         ReferenceLimit,
         Standard,
-        TensorComparison,
         Ulp,
         UlpLimit,
-        compare_tensors,
-        default_standard,
     )
-    from .dump import Dump, Record, capture, load_dump
+    from .numerics._stats import TensorStats, tensor_stats
+    from .replay._verdict import ReplayResult, replay_op
+    from .runtime._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
 
 __all__ = [
     "AllClose",
@@ -87,21 +85,20 @@ __all__ = [
 
 #: Where each lazily imported public name lives (the TYPE_CHECKING imports above, as data).
 _MODULES = {
-    "._assertions": ("Comparison", "assert_close"),
-    "._compare": (
+    "._errors": ("DumpFormatError", "PrecisionError", "PrecisionInputError", "PrecisionWarning"),
+    ".compare._dumps": ("compare_dumps",),
+    ".compare._results": (
         "Divergence",
         "DumpComparison",
         "RecordComparison",
         "StatsComparison",
         "UnmatchedCall",
-        "compare_dumps",
     ),
-    "._determinism": ("DeterminismWarning", "SeedHandle", "assert_deterministic", "seed_all"),
-    "._errors": ("DumpFormatError", "PrecisionError", "PrecisionInputError", "PrecisionWarning"),
-    "._golden": ("Golden", "assert_close_to_golden"),
-    "._metrics": ("TensorStats", "tensor_stats"),
-    "._replay": ("ReplayResult", "replay_op"),
-    "._standards": (
+    ".dump": ("Dump", "Record", "capture", "load_dump"),
+    ".golden._golden": ("Golden", "assert_close_to_golden"),
+    ".numerics._assertions": ("Comparison", "assert_close"),
+    ".numerics._comparison": ("TensorComparison", "compare_tensors", "default_standard"),
+    ".numerics._standards": (
         "AllClose",
         "Exact",
         "Ratio",
@@ -109,13 +106,17 @@ _MODULES = {
         "Reference",
         "ReferenceLimit",
         "Standard",
-        "TensorComparison",
         "Ulp",
         "UlpLimit",
-        "compare_tensors",
-        "default_standard",
     ),
-    ".dump": ("Dump", "Record", "capture", "load_dump"),
+    ".numerics._stats": ("TensorStats", "tensor_stats"),
+    ".replay._verdict": ("ReplayResult", "replay_op"),
+    ".runtime._determinism": (
+        "DeterminismWarning",
+        "SeedHandle",
+        "assert_deterministic",
+        "seed_all",
+    ),
 }
 _MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
 

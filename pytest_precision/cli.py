@@ -52,7 +52,7 @@ def _add_compare(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from ._compare import compare_dumps
+    from .compare._dumps import compare_dumps
 
     progress = _progress_line("comparing calls") if sys.stderr.isatty() else None
     result = compare_dumps(args.golden, args.target, standard=args.standard, progress=progress)
@@ -95,7 +95,7 @@ def _add_inspect(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def _inspect(args: argparse.Namespace) -> int:
     from .dump import load_dump
-    from .dump._summary import list_records, summarize
+    from .report._inspect import list_records, summarize
 
     dump = load_dump(args.dump)
     if args.pattern is None:
@@ -134,9 +134,9 @@ def _add_call_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from ._devices import available_devices
-    from ._replay import replay_op
     from .dump import load_dump
+    from .replay._verdict import replay_op
+    from .runtime._devices import available_devices
 
     dump = load_dump(args.dump)
     golden = None if args.golden is None else load_dump(args.golden)
@@ -164,7 +164,7 @@ def _add_export_test(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def _export_test(args: argparse.Namespace) -> int:
-    from ._replay_export import export_test
+    from .replay._export import export_test
 
     written = export_test(
         args.dump,

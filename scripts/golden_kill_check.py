@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_precision._golden_files import read_golden
-from pytest_precision._golden_layout import golden_relpath, list_stale_temps
+from pytest_precision.golden._files import read_golden
+from pytest_precision.golden._layout import golden_relpath, list_stale_temps
 
 TESTS = 4
 TEST_FILE = f"""

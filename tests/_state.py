@@ -10,8 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pytest_precision._determinism import DROPOUT_FUNCTIONS
-from pytest_precision._devices import backends, torch_determinism_flags
+from pytest_precision.runtime._determinism import DROPOUT_FUNCTIONS
+from pytest_precision.runtime._devices import backends, torch_determinism_flags
 
 
 def global_state() -> dict[str, Any]:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import _pytest.pytester
 import pytest
 
-from pytest_precision import _kernels
+from pytest_precision.numerics import _chunks, _kernels
 
 #: name -> (kernels on?, (block, chunk, parallel threshold) or None for the defaults):
 #: "kernels-tiny" makes small inputs cross blocks, chunks and threads, so hypothesis-sized
@@ -31,7 +31,7 @@ def metrics_backend(request: pytest.FixtureRequest) -> Iterator[str]:
         if geometry is not None:
             block, chunk, parallel = geometry
             mp.setattr(_kernels, "BLOCK_NUMEL", block)
-            mp.setattr(_kernels, "CHUNK_NUMEL", chunk)
+            mp.setattr(_chunks, "CHUNK_NUMEL", chunk)
             mp.setattr(_kernels, "PARALLEL_NUMEL", parallel)
         yield request.param
 

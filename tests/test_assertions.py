@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pytest_precision import PrecisionInputError, PrecisionWarning, assert_close
-from pytest_precision._assertions import compare, to_tensor
+from pytest_precision.numerics._assertions import compare, to_tensor
 
 GEN = torch.Generator().manual_seed(7)
 

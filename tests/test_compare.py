@@ -33,8 +33,8 @@ from pytest_precision import (
     compare_dumps,
     load_dump,
 )
-from pytest_precision._compare import layer_of
 from pytest_precision.cli import main
+from pytest_precision.compare._results import layer_of
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = TinyLlamaConfig()
@@ -546,7 +546,7 @@ def test_a_token_flipped_by_noise_ends_the_judging_without_blame(tmp_path: Path)
 
 
 def test_alignment_pairs_long_sequences_around_one_insertion() -> None:
-    from pytest_precision._alignment import _matching_blocks
+    from pytest_precision.compare._alignment import _matching_blocks
 
     golden = [("Tensor", "mul", f"layers.{i % 40}", ()) for i in range(20_000)]
     target = [*golden[:7_000], ("Tensor", "mul", "extra", ()), *golden[7_000:]]

@@ -26,8 +26,8 @@ from pytest_precision import (
     assert_deterministic,
     seed_all,
 )
-from pytest_precision._determinism import DROPOUT_FUNCTIONS
-from pytest_precision._seeds import derive_seed
+from pytest_precision.runtime._determinism import DROPOUT_FUNCTIONS
+from pytest_precision.runtime._seeds import derive_seed
 
 ASCEND_ENV = {
     "HCCL_DETERMINISTIC": "TRUE",

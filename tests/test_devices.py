@@ -15,8 +15,9 @@ import pytest
 import torch
 from _fakes import FakeAccelerator, FakeTorchNpu, install_fake_cuda, install_fake_npu
 
-from pytest_precision import PrecisionInputError, _devices
-from pytest_precision._devices import (
+from pytest_precision import PrecisionInputError
+from pytest_precision.runtime import _devices
+from pytest_precision.runtime._devices import (
     TORCH_DEFAULT_SEED,
     available_devices,
     backends,

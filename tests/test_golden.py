@@ -17,13 +17,13 @@ from pytest_precision import (
     PrecisionError,
     PrecisionInputError,
     Record,
-    _golden,
     assert_close_to_golden,
 )
-from pytest_precision._golden import Tolerance, parse_tolerances
-from pytest_precision._golden_active import activate, deactivate
-from pytest_precision._golden_files import read_golden
-from pytest_precision._golden_layout import MARKER
+from pytest_precision.golden import _sources
+from pytest_precision.golden._active import activate, deactivate
+from pytest_precision.golden._files import read_golden
+from pytest_precision.golden._layout import MARKER
+from pytest_precision.golden._tolerances import Tolerance, parse_tolerances
 
 TEST_ID = "tests/test_model.py::test_layer[bf16]"
 
@@ -179,7 +179,7 @@ def test_update_replaces_a_corrupt_file_but_never_a_newer_one(
     assert golden.records[0]["status"] == "rewritten"
     assert read_golden(location).value("out").equal(_value())
 
-    monkeypatch.setattr("pytest_precision._golden_files.SCHEMA_VERSION", 99)
+    monkeypatch.setattr("pytest_precision.golden._files.SCHEMA_VERSION", 99)
     _record(tmp_path / "newer", out=_value())
     monkeypatch.undo()
     newer = Golden(tmp_path / "newer", TEST_ID, update=True)
@@ -251,10 +251,9 @@ def test_failure_lists_environment_differences(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _record(tmp_path, out=_value())
-    current = _golden._environment()
+    current = _sources.environment_record()
     monkeypatch.setattr(
-        _golden,
-        "_environment",
+        "pytest_precision.golden._golden.environment_record",
         lambda device=None, seed=None: {
             **current,
             "torch": "9.9.9",

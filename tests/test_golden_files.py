@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_precision import DumpFormatError, PrecisionInputError
-from pytest_precision._golden_files import NewerSchemaError, flatten, read_golden, write_golden
-from pytest_precision._golden_layout import (
+from pytest_precision.golden._files import NewerSchemaError, flatten, read_golden, write_golden
+from pytest_precision.golden._layout import (
     SCHEMA_VERSION,
     atomic_write,
     golden_relpath,

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from pytest_precision import Golden
-from pytest_precision._golden_files import read_golden
-from pytest_precision._golden_layout import golden_relpath, list_stale_temps
+from pytest_precision.golden._files import read_golden
+from pytest_precision.golden._layout import golden_relpath, list_stale_temps
 
 KILLS = 60  # at least this many kills...
 MID_WRITE = 5  # ...and on until this many landed inside a write (timing varies with load)

@@ -8,14 +8,14 @@ import shutil
 
 import pytest
 
-from pytest_precision._golden_files import read_golden
+from pytest_precision.golden._files import read_golden
 
 MODEL = """
 import os
 
 import pytest
 
-from pytest_precision._golden_files import read_golden
+from pytest_precision.golden._files import read_golden
 import torch
 
 from pytest_precision import assert_close_to_golden
@@ -247,7 +247,7 @@ def test_bad_goldens_fail_only_their_test(
     pytester.makepyfile(test_bad=BAD_GOLDENS)
     pytester.runpytest("--golden-dir", "g", "--golden-update", "-k", "not newer")
     with monkeypatch.context() as mp:
-        mp.setattr("pytest_precision._golden_files.SCHEMA_VERSION", 99)
+        mp.setattr("pytest_precision.golden._files.SCHEMA_VERSION", 99)
         pytester.runpytest("--golden-dir", "g", "--golden-update", "-k", "newer")
     # an update leaves the newer golden alone: one failure, no second error at teardown
     pytester.runpytest("--golden-dir", "g", "--golden-update", "-k", "newer").assert_outcomes(
@@ -270,7 +270,7 @@ def test_bad_goldens_fail_only_their_test(
 DUMP_CONFTEST = """
 import pytest
 
-from pytest_precision._golden_files import read_golden
+from pytest_precision.golden._files import read_golden
 import torch
 
 import pytest_precision.dump
@@ -398,7 +398,7 @@ import os
 
 import pytest
 
-from pytest_precision._golden_files import read_golden
+from pytest_precision.golden._files import read_golden
 import torch
 
 from pytest_precision import assert_close_to_golden
@@ -453,7 +453,7 @@ import threading
 
 import pytest
 
-from pytest_precision._golden_files import read_golden
+from pytest_precision.golden._files import read_golden
 import torch
 
 from pytest_precision import assert_close_to_golden

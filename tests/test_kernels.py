@@ -16,9 +16,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from pytest_precision import _kernels, compare_tensors, tensor_stats
-from pytest_precision._metrics import ElementRule, ErrorMetrics, Quantity, measure
-from pytest_precision._standards import AllClose, Exact, Ratio, Ulp
+from pytest_precision import compare_tensors, tensor_stats
+from pytest_precision.numerics import _chunks, _kernels
+from pytest_precision.numerics._measure import ElementRule, ErrorMetrics, Quantity, measure
+from pytest_precision.numerics._standards import AllClose, Exact, Ratio, Ulp
 
 needs_numba = pytest.mark.skipif(
     _kernels.describe().startswith("torch (install"), reason="numba is not installed"
@@ -51,7 +52,7 @@ RULES = {
 def _with_geometry(monkeypatch: pytest.MonkeyPatch, geometry: tuple[int, int, int]) -> None:
     block, chunk, parallel = geometry
     monkeypatch.setattr(_kernels, "BLOCK_NUMEL", block)
-    monkeypatch.setattr(_kernels, "CHUNK_NUMEL", chunk)
+    monkeypatch.setattr(_chunks, "CHUNK_NUMEL", chunk)
     monkeypatch.setattr(_kernels, "PARALLEL_NUMEL", parallel)
 
 
@@ -267,9 +268,10 @@ def test_a_forked_child_rebuilds_the_thread_pool() -> None:
     # not wait on the inherited (dead) pool.
     script = """
 import os, sys, torch
-from pytest_precision import _kernels, compare_tensors
+from pytest_precision import compare_tensors
+from pytest_precision.numerics import _chunks, _kernels
 _kernels.PARALLEL_NUMEL = 32
-_kernels.CHUNK_NUMEL = 16
+_chunks.CHUNK_NUMEL = 16
 a = torch.arange(1000.0)
 first = compare_tensors(a, a + 1).max_abs_err
 pid = os.fork()
@@ -289,7 +291,8 @@ def test_numba_with_its_jit_disabled_leaves_the_metrics_to_torch() -> None:
     # their intrinsics cannot run at all.
     script = """
 import torch
-from pytest_precision import _kernels, compare_tensors, tensor_stats
+from pytest_precision import compare_tensors, tensor_stats
+from pytest_precision.numerics import _kernels
 assert compare_tensors(torch.ones(3), torch.ones(3) + 0.1).verdict == "fail"
 assert tensor_stats(torch.ones(3)).mean == 1.0
 print(_kernels.describe())

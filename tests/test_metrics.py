@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from pytest_precision import tensor_stats
-from pytest_precision._metrics import FLOAT_FORMATS, error_details, measure
+from pytest_precision.numerics._details import error_details
+from pytest_precision.numerics._dtypes import FLOAT_FORMATS
+from pytest_precision.numerics._measure import measure
 
 #: Every test runs on the torch pipeline and on the numba kernels.
 pytestmark = pytest.mark.usefixtures("metrics_backend")
@@ -216,7 +218,7 @@ def test_statistics_match_numpy() -> None:
 
 
 def test_error_details_locate_and_bucket() -> None:
-    from pytest_precision._standards import AllClose
+    from pytest_precision.numerics._standards import AllClose
 
     expected = torch.ones(100)
     actual = expected.clone()
@@ -259,7 +261,7 @@ def test_float8_statistics_and_metrics() -> None:
 
 
 def test_error_details_with_non_finite_mismatch() -> None:
-    from pytest_precision._standards import AllClose
+    from pytest_precision.numerics._standards import AllClose
 
     actual = torch.ones(10)
     actual[:2] = torch.tensor([math.nan, math.inf])

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_precision._nested import flatten
+from pytest_precision.numerics._nested import flatten
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_precision._seeds import derive_seed
+from pytest_precision.runtime._seeds import derive_seed
 
 HERE = Path(__file__).parent
 
@@ -158,7 +158,7 @@ def test_fixtures_restore_every_state_after_each_test(pytester: pytest.Pytester)
 
 AUTOSEED_TEST = """
 import random
-from pytest_precision._seeds import derive_seed
+from pytest_precision.runtime._seeds import derive_seed
 
 def test_seeded_without_asking(request):
     expected = random.Random(derive_seed(1234, request.node.nodeid)).random()

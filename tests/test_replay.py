@@ -15,11 +15,13 @@ from dump_helpers import MSPROBE_FIXTURES, assert_bitwise_equal
 
 from examples.tiny_llama import TinyLlamaConfig, build_tiny_llama, example_input_ids
 from pytest_precision import PrecisionError, PrecisionInputError, capture, load_dump
-from pytest_precision._replay import NotReplayable, rebuild_arguments, recompute, resolve_op
 from pytest_precision.dump import Dump
 from pytest_precision.dump._msprobe import _parse_name
 from pytest_precision.dump._records import Call, Record
-from pytest_precision.dump._safe_io import dtype_name
+from pytest_precision.numerics._dtypes import dtype_name
+from pytest_precision.rerun._arguments import rebuild_arguments
+from pytest_precision.rerun._ops import NotReplayable, resolve_op
+from pytest_precision.rerun._recompute import recompute
 
 CONFIG = TinyLlamaConfig(num_layers=2)
 

@@ -10,8 +10,8 @@ import pytest
 from replay_helpers import BrokenOp, capture_llama
 
 from pytest_precision import load_dump
-from pytest_precision._devices import available_devices
 from pytest_precision.cli import main
+from pytest_precision.runtime._devices import available_devices
 
 SILU_0 = "Functional.silu.0.forward"
 SILUS = (SILU_0, "Functional.silu.1.forward")

@@ -19,9 +19,10 @@ from pytest_precision import (
     load_dump,
     replay_op,
 )
-from pytest_precision._replay import NotReplayable, find_call
 from pytest_precision.cli import main
 from pytest_precision.dump._extract import write_calls
+from pytest_precision.rerun._ops import NotReplayable
+from pytest_precision.rerun._recompute import find_call
 
 SOFTMAX_1 = "Functional.softmax.1.forward"  # layer 1's attention probabilities
 SILU_0 = "Functional.silu.0.forward"

@@ -21,7 +21,8 @@ from pytest_precision import (
     compare_tensors,
     default_standard,
 )
-from pytest_precision._standards import ALLCLOSE_TOLERANCES, judge_pair, rounding_envelope
+from pytest_precision.numerics._comparison import judge_pair, rounding_envelope
+from pytest_precision.numerics._standards import ALLCLOSE_TOLERANCES
 
 #: Every test runs on the torch pipeline and on the numba kernels.
 pytestmark = pytest.mark.usefixtures("metrics_backend")

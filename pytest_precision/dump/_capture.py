@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError, PrecisionWarning
+from ..numerics._dtypes import dtype_name
 from ._leaves import has_tensor, input_leaves, output_leaves
 from ._native import encode_value, json_members, json_text
 from ._recorded import RecordedTensors
-from ._safe_io import dtype_name
 from ._writer import DumpWriter, summarize
 
 Level = Literal["module", "op", "mix"]

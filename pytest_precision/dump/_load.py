@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .._errors import DumpFormatError
+from .._errors import DumpFormatError, PrecisionInputError
 from ._msprobe import is_msprobe_dump, read_msprobe_dump
 from ._native import is_native_dump, read_native_dump
 from ._plain import SUFFIXES, read_plain_dump, tensor_files
@@ -51,3 +51,12 @@ def _dispatch(path: Path) -> Dump:
 
 def _suffixes() -> str:
     return "/".join(SUFFIXES)
+
+
+def as_dump(value: Dump | str | os.PathLike[str]) -> Dump:
+    """A :class:`Dump` as it is, or the dump a path names."""
+    if isinstance(value, Dump):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return load_dump(value)
+    raise PrecisionInputError(f"expected a Dump or a path to one, got {type(value).__name__}")

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from .._errors import DumpFormatError
-from .._metrics import TensorStats
+from ..numerics._dtypes import dtype_name
+from ..numerics._stats import TensorStats
 from ._records import Dump, Record
-from ._safe_io import dtype_name, load_npy, load_pt_tensor, read_json
+from ._safe_io import load_npy, load_pt_tensor, read_json
 
 FORMAT = "msprobe"
 DATA_DIR = "dump_tensor_data"

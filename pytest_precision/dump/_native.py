@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 
 from .._errors import DumpFormatError
-from .._metrics import TensorStats
+from ..numerics._stats import TensorStats
 from ._records import Dump, Record
 from ._safe_io import load_safetensors_tensor, read_json
 

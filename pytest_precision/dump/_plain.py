@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from .._errors import DumpFormatError
+from ..numerics._dtypes import dtype_name
 from ._records import Dump, Record
 from ._safe_io import (
-    dtype_name,
     load_npy,
     load_npz_array,
     load_pt,

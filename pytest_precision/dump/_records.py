@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .._metrics import TensorStats
+from ..numerics._stats import TensorStats
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,8 +24,10 @@ import numpy as np
 import torch
 
 from .._errors import DumpFormatError
+from ..numerics._dtypes import dtype_name
 
 _MAX_NPY_HEADER = 10_000
+
 
 #: safetensors' dtype codes, by the torch dtype name used in records.
 _SAFETENSORS_DTYPES = {
@@ -46,11 +48,6 @@ _SAFETENSORS_DTYPES = {
     "F8_E5M2": "float8_e5m2",
     "C64": "complex64",
 }
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``bfloat16``: the spelling records use."""
-    return str(dtype).removeprefix("torch.")
 
 
 def read_json(path: Path) -> Any:
@@ -214,7 +211,11 @@ def load_safetensors_tensor(path: Path, key: str) -> torch.Tensor:
 #: Open safetensors files, most recently used last. Opening parses the whole header, so a
 #: shard of 500 tensors read one tensor at a time cost 0.5 ms per tensor instead of 8 us.
 _open_files: OrderedDict[tuple[str, int, int, int], Any] = OrderedDict()
+
+
 _open_files_lock = threading.Lock()
+
+
 _MAX_OPEN_FILES = 16
 
 

@@ -20,10 +20,10 @@ from typing import Any, TextIO
 import torch
 from safetensors.torch import load, save, save_file
 
-from .._devices import environment_fingerprint
 from .._errors import PrecisionError
-from .._metrics import TensorStats, tensor_stats
 from .._version import __version__
+from ..numerics._stats import TensorStats, tensor_stats
+from ..runtime._devices import environment_fingerprint
 from ._native import (
     FORMAT_NAME,
     MANIFEST,

@@ -1,4 +1,4 @@
-"""How a :class:`~pytest_precision._compare.DumpComparison` reads: in a terminal, JSON, CSV."""
+"""How a dump comparison (:class:`DumpComparison`) reads: in a terminal, JSON, CSV."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._golden_layout import atomic_write
-from .._standards import TensorComparison
+from ..golden._layout import atomic_write
+from ..numerics._comparison import TensorComparison
 
 if TYPE_CHECKING:
-    from .._compare import Divergence, DumpComparison, RecordComparison
+    from ..compare._results import Divergence, DumpComparison, RecordComparison
 
 #: How many unmatched call names the summary spells out.
 _SHOWN_UNMATCHED = 3

@@ -1,15 +1,15 @@
-"""How a :class:`~pytest_precision._replay.ReplayResult` reads in a terminal."""
+"""How a :class:`~pytest_precision.replay._verdict.ReplayResult` reads in a terminal."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._compare import layer_of
+from ..compare._results import layer_of
 from ._dumps import tensor_metrics
 
 if TYPE_CHECKING:
-    from .._replay import ReplayResult
-    from .._standards import TensorComparison
+    from ..numerics._comparison import TensorComparison
+    from ..replay._verdict import ReplayResult
 
 
 def replay_text(result: ReplayResult) -> str:

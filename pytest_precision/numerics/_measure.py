@@ -8,166 +8,16 @@ from __future__ import annotations
 
 import enum
 import math
-import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from . import _kernel_layout as layout
 from . import _kernels
+from ._chunks import CHUNK_NUMEL, chunk_of, flatten_detached, unravel_index
+from ._dtypes import FLOAT_FORMATS, lower_precision
 
-#: Elements per chunk: large enough to amortize per-op dispatch, small enough to stay in cache.
-CHUNK_NUMEL = 1 << 18
-
-
-def flatten_detached(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a flat, detached tensor: a view when contiguous, else one copy in its own dtype."""
-    return t.detach().reshape(-1)
-
-
-def chunk_of(flat: torch.Tensor, start: int, chunk_numel: int) -> torch.Tensor:
-    """Elements ``start:start + chunk_numel`` of a flat tensor, widened if kernels need it."""
-    chunk = flat[start : start + chunk_numel]
-    # One-byte floats (float8 formats) lack most kernels (isfinite, aminmax, ==): float32 holds
-    # them exactly.
-    return chunk.float() if chunk.is_floating_point() and chunk.element_size() == 1 else chunk
-
-
-def iter_flat_chunks(t: torch.Tensor, chunk_numel: int = CHUNK_NUMEL) -> Iterator[torch.Tensor]:
-    """Yield consecutive 1-d chunks of ``t`` (see :func:`flatten_detached`, :func:`chunk_of`)."""
-    flat = flatten_detached(t)
-    for start in range(0, flat.numel(), chunk_numel):
-        yield chunk_of(flat, start, chunk_numel)
-
-
-@dataclass(frozen=True)
-class TensorStats:
-    """Summary statistics of one tensor, as stored in dumps.
-
-    ``max``, ``min``, ``mean`` and ``norm`` (L2) cover the finite elements only; non-finite ones
-    are counted separately. Complex tensors are summarized over their real and imaginary parts
-    (``numel`` still counts complex elements). All four are ``nan`` when no element is finite.
-    """
-
-    max: float
-    min: float
-    mean: float
-    norm: float
-    nan_count: int
-    posinf_count: int
-    neginf_count: int
-    numel: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TensorStats:
-        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
-
-
-_scratch = threading.local()
-
-
-def _float64_copy(chunk: torch.Tensor) -> torch.Tensor:
-    """``chunk`` in float64, in a buffer reused per thread and device: allocating a fresh one
-    for every chunk costs as much as the sums themselves."""
-    buffers: dict[torch.device, torch.Tensor] = _scratch.__dict__.setdefault("buffers", {})
-    buffer = buffers.get(chunk.device)
-    if buffer is None or buffer.numel() < chunk.numel():
-        buffer = torch.empty(
-            max(chunk.numel(), CHUNK_NUMEL), dtype=torch.float64, device=chunk.device
-        )
-        buffers[chunk.device] = buffer
-    return buffer[: chunk.numel()].copy_(chunk)
-
-
-def _with_reduction_kernels(chunk: torch.Tensor) -> torch.Tensor:
-    """``chunk`` in a dtype torch can reduce (aminmax, sum), exactly: uint16/32 as int64."""
-    if chunk.dtype in (torch.uint16, torch.uint32):
-        return chunk.to(torch.int64)
-    if chunk.dtype == torch.uint64:
-        return chunk.to(torch.float64)  # exact below 2**53
-    return chunk
-
-
-def _positive_zero(value: float) -> float:
-    """-0.0 as 0.0: which zero a min or max of zeros returns depends on the implementation
-    and the order of the elements, and the statistics a dump stores must not."""
-    return 0.0 if value == 0 and isinstance(value, float) else value
-
-
-def tensor_stats(t: torch.Tensor) -> TensorStats:
-    """Compute :class:`TensorStats` of ``t`` with float64 accumulation, chunk by chunk."""
-    numel = t.numel()  # elements of ``t`` itself, also for complex tensors
-    if t.is_complex():
-        t = torch.view_as_real(t.resolve_conj().resolve_neg())
-    if t.dtype == torch.bool:
-        t = t.to(torch.uint8)
-    if _kernels.accepts(t):
-        total, sq_total, lo, hi, nan, posinf, neginf = _kernels.stats(flatten_detached(t))
-    else:
-        total, sq_total, lo, hi, nan, posinf, neginf = _torch_stats(t)
-    finite_count = t.numel() - nan - posinf - neginf  # real components, for complex tensors
-    if finite_count == 0:
-        return TensorStats(math.nan, math.nan, math.nan, math.nan, nan, posinf, neginf, numel)
-    return TensorStats(
-        max=_positive_zero(hi),
-        min=_positive_zero(lo),
-        mean=total / finite_count,
-        norm=math.sqrt(sq_total),
-        nan_count=nan,
-        posinf_count=posinf,
-        neginf_count=neginf,
-        numel=numel,
-    )
-
-
-def _torch_stats(t: torch.Tensor) -> tuple[float, float, float, float, int, int, int]:
-    """(sum, sum of squares, min, max) of the finite elements and (nan, +inf, -inf) counts."""
-    total = 0.0
-    sq_total = 0.0
-    lo = math.inf
-    hi = -math.inf
-    nan = posinf = neginf = 0
-    floating = t.is_floating_point()
-    for chunk in iter_flat_chunks(t):
-        chunk = _with_reduction_kernels(chunk)
-        c64 = _float64_copy(chunk)
-        c_total = float(c64.sum())
-        # A float64 sum of finite values is finite unless float64 itself overflows, so the
-        # costly element-wise finiteness test only runs on chunks whose sum is not.
-        if floating and not math.isfinite(c_total):
-            finite = torch.isfinite(chunk)
-            nan += int(torch.isnan(chunk).sum())
-            posinf += int((chunk == math.inf).sum())
-            neginf += int((chunk == -math.inf).sum())
-            chunk = chunk[finite]
-            if chunk.numel() == 0:
-                continue
-            c64 = _float64_copy(chunk)
-            c_total = float(c64.sum())
-        # min and max are exact in the source dtype; only the sums need float64.
-        c_lo, c_hi = torch.aminmax(chunk)
-        lo = min(lo, float(c_lo))
-        hi = max(hi, float(c_hi))
-        total += c_total
-        sq_total += float(torch.dot(c64, c64))
-    return total, sq_total, lo, hi, nan, posinf, neginf
-
-
-# --------------------------------------------------------------------------------------------
-# Error metrics of one tensor against another
-# --------------------------------------------------------------------------------------------
-
-#: (precision in bits including the implicit one, minimum normal exponent) per float dtype.
-FLOAT_FORMATS: dict[torch.dtype, tuple[int, int]] = {
-    torch.float64: (53, -1022),
-    torch.float32: (24, -126),
-    torch.float16: (11, -14),
-    torch.bfloat16: (8, -126),
-}
 for _name, _fmt in {
     "float8_e4m3fn": (4, -6),
     "float8_e4m3fnuz": (4, -7),
@@ -177,22 +27,12 @@ for _name, _fmt in {
     if hasattr(torch, _name):
         FLOAT_FORMATS[getattr(torch, _name)] = _fmt
 
+
 #: Relative-error thresholds behind ``thousandth_ratio`` and ``five_thousandth_ratio``.
-THOUSANDTH = _kernels.THOUSANDTH
-FIVE_THOUSANDTH = _kernels.FIVE_THOUSANDTH
-
-#: Upper edges of the relative-error histogram buckets (by decade); a last bucket holds the rest.
-HISTOGRAM_EDGES: tuple[float, ...] = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+THOUSANDTH = layout.THOUSANDTH
 
 
-def precision_bits(dtype: torch.dtype) -> int:
-    """Significand bits (with the implicit bit) of a float dtype; 53 for integers and bools."""
-    return FLOAT_FORMATS.get(dtype, FLOAT_FORMATS[torch.float64])[0]
-
-
-def lower_precision(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    """The dtype with fewer significand bits (the one whose rounding dominates)."""
-    return a if precision_bits(a) <= precision_bits(b) else b
+FIVE_THOUSANDTH = layout.FIVE_THOUSANDTH
 
 
 @dataclass
@@ -226,13 +66,13 @@ class Quantity(enum.IntEnum):
     """Per-element quantities an :class:`ElementRule` can bound (codes shared with the
     kernels)."""
 
-    ABS_ERR = _kernels.ABS_ERR
-    REL_ERR = _kernels.REL_ERR
+    ABS_ERR = layout.ABS_ERR
+    REL_ERR = layout.REL_ERR
     #: ``|a - e| / max(|e|, small_value)``: relative, but absolute for tiny expected values.
-    FLOORED_REL_ERR = _kernels.FLOORED_REL_ERR
-    ULP_ERR = _kernels.ULP_ERR
+    FLOORED_REL_ERR = layout.FLOORED_REL_ERR
+    ULP_ERR = layout.ULP_ERR
     #: ``|a - e| - rtol * |e|``: above ``atol`` exactly where torch.isclose fails.
-    ALLCLOSE_EXCESS = _kernels.ALLCLOSE_EXCESS
+    ALLCLOSE_EXCESS = layout.ALLCLOSE_EXCESS
     #: 1 where the raw values differ (integers beyond 2 ** 53 do not survive float64).
     DIFFERS = 5
 
@@ -382,7 +222,7 @@ class _ChunkPass:
         torch.sub(a64, e64, out=diff).abs_()
         torch.abs(e64, out=e_abs)
         torch.div(diff, e_abs, out=rel).nan_to_num_(nan=0.0, posinf=math.inf)
-        torch.bitwise_and(e_abs.view(torch.int64), _kernels.EXPONENT_BITS, out=ulp_bits)
+        torch.bitwise_and(e_abs.view(torch.int64), layout.EXPONENT_BITS, out=ulp_bits)
         ulp_bits.sub_(self._ulp_offset).clamp_(min=self._min_ulp_bits)
         ulp = ulp_bits.view(torch.float64)
         torch.div(diff, ulp, out=ulp)
@@ -497,9 +337,13 @@ def measure(
         dtype=dtype,
         cosine=_cosine(s[0], s[1], s[2], s[3]),
         max_abs_err=totals.max_abs,
-        max_abs_index=None if totals.max_abs_flat is None else _unravel(totals.max_abs_flat, shape),
+        max_abs_index=None
+        if totals.max_abs_flat is None
+        else unravel_index(totals.max_abs_flat, shape),
         max_rel_err=totals.max_rel,
-        max_rel_index=None if totals.max_rel_flat is None else _unravel(totals.max_rel_flat, shape),
+        max_rel_index=None
+        if totals.max_rel_flat is None
+        else unravel_index(totals.max_rel_flat, shape),
         mean_abs_err=s[4] / per_element,
         mean_rel_err=s[5] / per_element,
         rmse=math.sqrt(s[3] / per_element),
@@ -541,19 +385,19 @@ def _kernel_totals(
         stop = locs[loc] + _kernels.BLOCK_NUMEL
         return acc[slot], _first_index_of(acc[slot], column, flat_a, flat_e, locs[loc], stop, work)
 
-    max_abs, abs_flat = located(_kernels.MAX_ABS, _kernels.LOC_ABS, 0)
-    max_rel, rel_flat = located(_kernels.MAX_REL, _kernels.LOC_REL, 1)
+    max_abs, abs_flat = located(layout.MAX_ABS, layout.LOC_ABS, 0)
+    max_rel, rel_flat = located(layout.MAX_REL, layout.LOC_REL, 1)
     return _Totals(
-        sums=acc[_kernels.SUMS],
-        over_thousandth=counts[_kernels.OVER_THOUSANDTH],
-        over_five_thousandth=counts[_kernels.OVER_FIVE_THOUSANDTH],
-        nonfinite=counts[_kernels.NONFINITE],
-        rule_counts=tuple(counts[_kernels.RULES_START :][: len(rule.limits)]),
+        sums=acc[layout.SUMS],
+        over_thousandth=counts[layout.OVER_THOUSANDTH],
+        over_five_thousandth=counts[layout.OVER_FIVE_THOUSANDTH],
+        nonfinite=counts[layout.NONFINITE],
+        rule_counts=tuple(counts[layout.RULES_START :][: len(rule.limits)]),
         max_abs=max_abs,
         max_abs_flat=abs_flat,
         max_rel=max_rel,
         max_rel_flat=rel_flat,
-        max_ulp=max(acc[_kernels.MAX_ULP], 0.0),
+        max_ulp=max(acc[layout.MAX_ULP], 0.0),
     )
 
 
@@ -674,6 +518,10 @@ def _first_index_of(
     return start + int(found[0, 0])
 
 
+def _index(flat: int | None, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    return None if flat is None else unravel_index(flat, shape)
+
+
 def _cosine(ae: float, aa: float, ee: float, dd: float) -> float:
     if dd == 0.0:  # equal on every finite element
         return 1.0
@@ -696,131 +544,3 @@ def _sqnr_db(signal: float, noise: float) -> float:
     if ratio == 0.0:  # the signal underflowed against the noise
         return -math.inf
     return 10.0 * math.log10(ratio)
-
-
-def _ravel(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
-    flat = 0
-    for i, size in zip(index, shape, strict=True):
-        flat = flat * size + i
-    return flat
-
-
-def _unravel(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    index = []
-    for size in reversed(shape):
-        flat_index, rem = divmod(flat_index, size)
-        index.append(rem)
-    return tuple(reversed(index))
-
-
-# --------------------------------------------------------------------------------------------
-# Failure details: a second pass, run only when a report is needed
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Element:
-    """One element of a comparison, for reports."""
-
-    index: tuple[int, ...]
-    actual: float
-    expected: float
-    abs_err: float
-    rel_err: float
-
-
-@dataclass(frozen=True)
-class ErrorDetails:
-    """What a failure report shows beyond the metrics.
-
-    ``histogram`` counts elements per relative-error bucket: exactly 0, then up to each of
-    ``HISTOGRAM_EDGES[1:]``, then above the last edge (including inf); only pairs finite on both
-    sides are counted. ``required_atol`` is the
-    smallest atol that passes every element at the given rtol; ``required_rtol`` the smallest
-    rtol at the given atol (inf when an element with expected 0 exceeds atol, and both inf when
-    non-finite values differ).
-    """
-
-    first_mismatches: tuple[Element, ...]
-    worst: tuple[Element, ...]
-    requested: tuple[Element, ...]
-    histogram: tuple[int, ...]
-    required_atol: float
-    required_rtol: float
-
-
-def error_details(
-    actual: torch.Tensor,
-    expected: torch.Tensor,
-    rule: ElementRule,
-    *,
-    rtol: float,
-    atol: float,
-    k: int = 5,
-    indices: Sequence[tuple[int, ...]] = (),
-    chunk_numel: int | None = None,
-) -> ErrorDetails:
-    """Locate the first ``k`` mismatches and the ``k`` largest absolute errors, bucket the
-    relative errors by decade and find the tolerances that would have passed. The elements at
-    ``indices`` (say, those of the greatest errors) are returned in ``requested``."""
-    dtype = lower_precision(actual.dtype, expected.dtype)
-    device = actual.device
-    if chunk_numel is None:
-        chunk_numel = CHUNK_NUMEL if device.type == "cpu" else 1 << 22
-    work = _ChunkPass(dtype, device, min(chunk_numel, max(actual.numel(), 1)))
-    edges = torch.tensor(HISTOGRAM_EDGES, dtype=torch.float64, device=device)
-    histogram = torch.zeros(len(HISTOGRAM_EDGES) + 1, dtype=torch.int64, device=device)
-    first: list[int] = []
-    worst_values = torch.empty(0, dtype=torch.float64, device=device)
-    worst_index = torch.empty(0, dtype=torch.int64, device=device)
-    need_atol = torch.zeros((), dtype=torch.float64, device=device)
-    need_rtol = torch.zeros((), dtype=torch.float64, device=device)
-    flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
-    nonfinite_mismatch = False
-    for start in range(0, flat_a.numel(), chunk_numel):
-        a, e = chunk_of(flat_a, start, chunk_numel), chunk_of(flat_e, start, chunk_numel)
-        finite = torch.isfinite(a) & torch.isfinite(e)
-        all_finite = bool(finite.all())
-        err = work.errors(a, e, None if all_finite else finite)
-        values, limit = rule.exceedances(err)[0]
-        mismatch = values > limit
-        rel_err = err.rel_err
-        if not all_finite:
-            same = (a == e) | (torch.isnan(a) & torch.isnan(e))
-            bad = ~finite & ~same
-            nonfinite_mismatch = nonfinite_mismatch or bool(bad.any())
-            mismatch = mismatch | bad
-            rel_err = rel_err[finite]  # the histogram counts finite pairs only
-        if len(first) < k:
-            found = torch.nonzero(mismatch)[: k - len(first), 0]
-            first.extend(start + i for i in found.tolist())
-        top = torch.topk(err.abs_err, min(k, a.numel()))
-        worst_values = torch.cat([worst_values, top.values])
-        worst_index = torch.cat([worst_index, top.indices + start])
-        keep = torch.topk(worst_values, min(k, worst_values.numel()))
-        worst_values, worst_index = keep.values, worst_index[keep.indices]
-        histogram += torch.bincount(torch.bucketize(rel_err, edges), minlength=histogram.numel())
-        need_atol = torch.maximum(need_atol, (err.abs_err - rtol * err.expected_abs).amax())
-        need_rtol = torch.maximum(
-            need_rtol,
-            ((err.abs_err - atol).clamp_(min=0) / err.expected_abs)
-            .nan_to_num_(nan=0.0, posinf=math.inf)
-            .amax(),
-        )
-    shape = tuple(actual.shape)
-
-    def element(flat: int) -> Element:
-        a, e = float(flat_a[flat]), float(flat_e[flat])
-        d = abs(a - e) if math.isfinite(a) and math.isfinite(e) else math.nan
-        rel = d / abs(e) if e else (0.0 if d == 0 else math.inf)
-        return Element(_unravel(flat, shape), a, e, d, rel)
-
-    return ErrorDetails(
-        first_mismatches=tuple(element(i) for i in first),
-        worst=tuple(element(i) for i in worst_index.tolist()),
-        requested=tuple(element(_ravel(i, shape)) for i in indices),
-        histogram=tuple(histogram.tolist()),
-        # No tolerance admits a non-finite mismatch.
-        required_atol=math.inf if nonfinite_mismatch else max(float(need_atol), 0.0),
-        required_rtol=math.inf if nonfinite_mismatch else float(need_rtol),
-    )

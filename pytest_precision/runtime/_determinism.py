@@ -23,9 +23,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._errors import PrecisionInputError
+from ..numerics._nested import flatten
 from ._devices import available_devices, backends
-from ._errors import PrecisionInputError
-from ._nested import flatten
 from ._seeds import DEFAULT_SEED
 
 #: ``torch.nn.functional`` functions that randomly drop elements; ``nn.Dropout`` and friends call

@@ -20,10 +20,10 @@ import safetensors
 import safetensors.torch
 import torch
 
-from ._assertions import to_tensor
-from ._errors import DumpFormatError, PrecisionInputError
-from ._golden_layout import SCHEMA_VERSION, atomic_write
-from ._nested import is_leaf
+from .._errors import DumpFormatError, PrecisionInputError
+from ..numerics._assertions import to_tensor
+from ..numerics._nested import is_leaf
+from ._layout import SCHEMA_VERSION, atomic_write
 
 _METADATA_KEY = "pytest_precision.golden"
 

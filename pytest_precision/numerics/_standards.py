@@ -9,29 +9,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 import torch
 
-from ._errors import PrecisionInputError
-from ._metrics import (
-    FLOAT_FORMATS,
-    ElementRule,
-    ErrorMetrics,
-    NonFinite,
-    Quantity,
-    lower_precision,
-    measure,
-    tensor_stats,
-)
+from .._errors import PrecisionInputError
+from ._dtypes import FLOAT_FORMATS
+from ._measure import ElementRule, ErrorMetrics, Quantity
 
 Verdict = Literal["pass", "warn", "fail"]
+
+
 #: Verdicts from best to worst.
 VERDICT_ORDER: dict[Verdict, int] = {"pass": 0, "warn": 1, "fail": 2}
+
+
 #: (actual vs reference, expected vs reference)
-_ReferencePair = tuple[ErrorMetrics, ErrorMetrics]
+ReferencePair = tuple[ErrorMetrics, ErrorMetrics]
+
+
 StandardName = Literal["allclose", "ratio", "ulp", "reference", "exact"]
+
 
 #: torch.testing.assert_close's default (rtol, atol) per dtype.
 ALLCLOSE_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -124,7 +123,7 @@ class Standard:
     def rule(self, dtype: torch.dtype) -> ElementRule:
         raise NotImplementedError
 
-    def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
+    def judge(self, comparison: ErrorMetrics, vs_reference: ReferencePair | None) -> Judgement:
         raise NotImplementedError
 
     def tolerances(self, dtype: torch.dtype) -> tuple[float, float]:
@@ -176,7 +175,7 @@ class AllClose(Standard):
         rtol, atol = self.tolerances(dtype)
         return _allclose_rule(rtol, atol)
 
-    def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
+    def judge(self, comparison: ErrorMetrics, vs_reference: ReferencePair | None) -> Judgement:
         rtol, atol = self.tolerances(comparison.dtype)
         bad = _nonfinite_failure(comparison)
         if bad is not None:
@@ -218,7 +217,7 @@ class Ratio(Standard):
             small_value=t.small_value,
         )
 
-    def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
+    def judge(self, comparison: ErrorMetrics, vs_reference: ReferencePair | None) -> Judgement:
         bad = _nonfinite_failure(comparison)
         if bad is not None:
             return bad
@@ -267,7 +266,7 @@ class Ulp(Standard):
         lim = self.limit(dtype)
         return ElementRule(((Quantity.ULP_ERR, lim.element_ulp), (Quantity.ULP_ERR, lim.guard_ulp)))
 
-    def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
+    def judge(self, comparison: ErrorMetrics, vs_reference: ReferencePair | None) -> Judgement:
         bad = _nonfinite_failure(comparison)
         if bad is not None:
             return bad
@@ -318,7 +317,7 @@ class Reference(Standard):
         rtol, atol = self.tolerances(dtype)
         return _allclose_rule(rtol, atol)
 
-    def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
+    def judge(self, comparison: ErrorMetrics, vs_reference: ReferencePair | None) -> Judgement:
         bad = _nonfinite_failure(comparison)
         if bad is not None:
             return bad
@@ -369,213 +368,17 @@ class Exact(Standard):
             return ElementRule(((Quantity.ABS_ERR, 0.0),))
         return ElementRule(((Quantity.DIFFERS, 0.0),))
 
-    def judge(self, comparison: ErrorMetrics, vs_reference: _ReferencePair | None) -> Judgement:
+    def judge(self, comparison: ErrorMetrics, vs_reference: ReferencePair | None) -> Judgement:
         k = comparison.mismatch_count
         if k:
             return Judgement("fail", f"{k} element(s) differ (exact comparison)")
         return Judgement("pass", "all elements equal")
 
 
-STANDARDS: dict[str, type[Standard]] = {
-    cls.name: cls for cls in (AllClose, Ratio, Ulp, Reference, Exact)
-}
-
-
 def _pct(share: float) -> str:
     return f"{100 * share:.4g} %"
 
 
-@dataclass(frozen=True)
-class TensorComparison(ErrorMetrics):
-    """:class:`ErrorMetrics` plus the standard applied and its verdict."""
-
-    standard: Standard = field(default_factory=Ratio)
-    verdict: Verdict = "pass"
-    reason: str = ""
-    actual_vs_reference: ErrorMetrics | None = None
-    expected_vs_reference: ErrorMetrics | None = None
-
-    @property
-    def passed(self) -> bool:
-        """True unless the verdict is ``fail`` (a ``warn`` passes, loudly)."""
-        return self.verdict != "fail"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary: verdict, standard, dtypes and every scalar metric."""
-        out: dict[str, Any] = {
-            "verdict": self.verdict,
-            "reason": self.reason,
-            "standard": self.standard.name,
-        }
-        for f in fields(ErrorMetrics):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.dtype):
-                value = str(value).removeprefix("torch.")
-            elif isinstance(value, NonFinite):
-                value = {"nan": value.nan, "posinf": value.posinf, "neginf": value.neginf}
-            elif isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, float) and not math.isfinite(value):
-                value = str(value)  # JSON has no inf / nan
-            out[f.name] = value
-        return out
-
-
-def default_standard(dtype: torch.dtype) -> Standard:
-    """Exact for integers and bools, the ratio standard for float dtypes it has tiers for,
-    allclose with torch.testing's tolerances otherwise."""
-    if not (dtype.is_floating_point or dtype.is_complex):
-        return Exact()
-    if dtype in RATIO_TIERS:
-        return Ratio()
-    return AllClose()
-
-
-def resolve_standard(
-    standard: Standard | str | None,
-    dtype: torch.dtype,
-    *,
-    rtol: float | None = None,
-    atol: float | None = None,
-) -> Standard:
-    """Turn the user's ``standard`` / ``rtol`` / ``atol`` into a :class:`Standard`.
-
-    Integers and bools are always compared exactly. For floats, explicit tolerances without a
-    standard mean allclose (as in torch.testing); with ``"allclose"`` they override its table;
-    with any other standard they are an error.
-    """
-    tolerances = rtol is not None or atol is not None
-    if isinstance(standard, str):
-        try:
-            cls = STANDARDS[standard]
-        except KeyError:
-            known = ", ".join(STANDARDS)
-            raise PrecisionInputError(f"unknown standard {standard!r} (known: {known})") from None
-        standard = cls()
-    elif standard is not None and not isinstance(standard, Standard):
-        raise PrecisionInputError(
-            f"standard must be a name ({', '.join(STANDARDS)}) or a Standard, "
-            f"not {type(standard).__name__}"
-        )
-    if standard is None:
-        standard = AllClose() if tolerances else default_standard(dtype)
-    elif tolerances and not isinstance(standard, AllClose):
-        raise PrecisionInputError(
-            f"rtol/atol apply to the allclose standard only, not to {standard.name!r}"
-        )
-    if not dtype.is_floating_point:
-        return Exact()
-    if isinstance(standard, AllClose) and tolerances:
-        return AllClose(
-            rtol=standard.rtol if rtol is None else rtol,
-            atol=standard.atol if atol is None else atol,
-            table=standard.table,
-        )
-    return standard
-
-
-def compare_tensors(
-    actual: torch.Tensor,
-    expected: torch.Tensor,
-    *,
-    reference: torch.Tensor | None = None,
-    standard: Standard | str | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
-) -> TensorComparison:
-    """Compare two tensors of the same shape and device under a standard, in float64.
-
-    Mixed float dtypes (bf16 target, fp32 golden) are judged by the lower-precision dtype's
-    standard. ``reference`` is a float64 computation of the same value, needed by the
-    reference standard and reported by every other one.
-    """
-    dtype = lower_precision(actual.dtype, expected.dtype)
-    chosen = resolve_standard(standard, dtype, rtol=rtol, atol=atol)
-    return judge_pair(actual, expected, chosen, dtype, reference=reference)
-
-
-def judge_pair(
-    actual: torch.Tensor,
-    expected: torch.Tensor,
-    standard: Standard,
-    dtype: torch.dtype,
-    *,
-    reference: torch.Tensor | None = None,
-) -> TensorComparison:
-    """:func:`compare_tensors` with the standard and the dtype it judges by already chosen: a
-    dump comparison judges bf16 data that a call upcast to fp32 by the bf16 standard."""
-    _check_pair(actual, expected, "expected")
-    if reference is not None:
-        _check_pair(actual, reference, "reference")
-    rule = standard.rule(dtype)
-    metrics = measure(actual, expected, rule, dtype=dtype)
-    pair: _ReferencePair | None = None
-    if reference is not None:
-        pair = (
-            measure(actual, reference, rule, dtype=dtype),
-            measure(expected, reference, rule, dtype=dtype),
-        )
-    judgement = standard.judge(metrics, pair)
-    return TensorComparison(
-        **{f.name: getattr(metrics, f.name) for f in fields(metrics)},
-        standard=standard,
-        verdict=judgement.verdict,
-        reason=judgement.reason,
-        actual_vs_reference=pair[0] if pair else None,
-        expected_vs_reference=pair[1] if pair else None,
-    )
-
-
-def _check_pair(actual: torch.Tensor, other: torch.Tensor, what: str) -> None:
-    for t, side in ((actual, "actual"), (other, what)):
-        if t.layout != torch.strided:
-            raise PrecisionInputError(
-                f"{side} is a {t.layout} tensor; convert it with .to_dense() first"
-            )
-        if t.is_quantized:
-            raise PrecisionInputError(f"{side} is quantized; compare .dequantize() instead")
-        if t.is_complex():
-            raise PrecisionInputError(
-                f"{side} is complex ({t.dtype}); compare torch.view_as_real(...) instead"
-            )
-        if t.device.type == "meta":
-            raise PrecisionInputError(f"{side} is on the meta device and holds no values")
-    if actual.shape != other.shape:
-        raise PrecisionInputError(
-            f"shape mismatch: actual {tuple(actual.shape)} vs {what} {tuple(other.shape)}"
-        )
-    if actual.device != other.device:
-        raise PrecisionInputError(
-            f"device mismatch: actual on {actual.device}, {what} on {other.device}; "
-            f"move one of them (e.g. .cpu()) before comparing"
-        )
-    if actual.is_floating_point() != other.is_floating_point():
-        raise PrecisionInputError(
-            f"dtype mismatch: actual {actual.dtype} vs {what} {other.dtype} "
-            "(a float can only be compared with a float, an integer with an integer)"
-        )
-
-
-def rounding_envelope(exact: torch.Tensor, dtype: torch.dtype) -> AllClose:
-    """How far a correct op computed in ``dtype`` may land from its float64 result: the ratio
-    tier's pass tolerance, relative to each element and to the output's RMS (an element
-    near zero after cancellation carries the rounding of the large terms that cancelled)."""
-    rtol = RATIO_TIERS.get(dtype, RATIO_TIERS[torch.float32]).pass_rtol
-    rms = tensor_stats(exact).norm / math.sqrt(max(exact.numel(), 1))
-    return AllClose(rtol=rtol, atol=rtol * rms if math.isfinite(rms) else rtol)
-
-
-def judge_rounding(
-    actual: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype
-) -> TensorComparison:
-    """``actual``, an op's output, judged against the op's float64 result ``exact``: within the
-    :func:`rounding_envelope` of ``dtype`` for floats; an index or a mask exactly (a correct op
-    reproduces it)."""
-    exact = exact.to(actual.device)
-    if actual.is_complex():  # real and imaginary parts, each to the rounding of its parts
-        actual, exact = torch.view_as_real(actual), torch.view_as_real(exact.to(actual.dtype))
-        dtype = actual.dtype
-        exact = exact.double()
-    if actual.is_floating_point():
-        return judge_pair(actual, exact, rounding_envelope(exact, dtype), dtype)
-    return judge_pair(actual, exact.to(actual.dtype), Exact(), actual.dtype)
+STANDARDS: dict[str, type[Standard]] = {
+    cls.name: cls for cls in (AllClose, Ratio, Ulp, Reference, Exact)
+}

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from . import _golden_plugin, _replay_plugin
-from ._seeds import DEFAULT_SEED, derive_seed
+from ..runtime._seeds import DEFAULT_SEED, derive_seed
+from . import _goldens as _golden_plugin
+from . import _replay as _replay_plugin
 
 if TYPE_CHECKING:
-    from ._determinism import SeedHandle
-    from ._golden import Golden
-    from ._replay_plugin import ReplayCase
+    from ..golden._golden import Golden
+    from ..runtime._determinism import SeedHandle
+    from ._replay import ReplayCase
 
 #: The fixtures that need torch: a run collecting a test that requests one reports the devices.
 _TORCH_FIXTURES = frozenset({"seeded", "deterministic", "golden", _replay_plugin.FIXTURE})
@@ -87,8 +88,8 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
 
 
 def _device_lines() -> list[str]:
-    from ._devices import backends
-    from ._kernels import describe
+    from ..numerics._kernels import describe
+    from ..runtime._devices import backends
 
     lines = [f"precision metrics on cpu: {describe()}"]
     for backend in backends():
@@ -128,7 +129,7 @@ def seeded(request: pytest.FixtureRequest) -> Iterator[SeedHandle]:
     The seed derives from ``--precision-seed`` and the test's node id only, so it is the same
     in any order and under xdist. Everything is restored after the test.
     """
-    from ._determinism import seed_all
+    from ..runtime._determinism import seed_all
 
     with seed_all(_test_seed(request), deterministic=False) as handle:
         yield handle
@@ -137,7 +138,7 @@ def seeded(request: pytest.FixtureRequest) -> Iterator[SeedHandle]:
 @pytest.fixture
 def deterministic(request: pytest.FixtureRequest) -> Iterator[SeedHandle]:
     """Like ``seeded``, plus deterministic algorithms and the determinism env vars."""
-    from ._determinism import seed_all
+    from ..runtime._determinism import seed_all
 
     with seed_all(_test_seed(request), deterministic=True) as handle:
         yield handle
@@ -156,7 +157,7 @@ def golden() -> Golden:
     """This test's goldens: ``golden(value, name=None, *, standard, rtol, atol)`` compares,
     ``golden.load(name)`` reads a stored value."""
     __tracebackhide__ = True
-    from ._golden import current_golden
+    from ..golden._golden import current_golden
 
     return current_golden()
 

@@ -11,13 +11,14 @@ import os
 import re
 from pathlib import Path
 
-from ._compare import as_dump
-from ._errors import PrecisionError
-from ._golden_layout import atomic_write
-from ._replay import find_call, resolve_op
-from ._version import __version__
-from .dump._extract import write_calls
-from .dump._records import Dump
+from .._errors import PrecisionError
+from .._version import __version__
+from ..dump._extract import write_calls
+from ..dump._load import as_dump
+from ..dump._records import Dump
+from ..golden._layout import atomic_write
+from ..rerun._ops import resolve_op
+from ..rerun._recompute import find_call
 
 _TEMPLATE = '''"""Replay of {name} from {source}.
 

@@ -13,38 +13,28 @@ compared with an fp32 one. The rules and their causes: ``docs/compare.md``.
 from __future__ import annotations
 
 import math
-import os
-import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
-from ._alignment import align, completion_order
-from ._errors import PrecisionError, PrecisionInputError
-from ._metrics import TensorStats, lower_precision
-from ._standards import (
-    Reference,
-    Standard,
-    StandardName,
-    TensorComparison,
-    judge_pair,
-    judge_rounding,
-    resolve_standard,
-)
-from .dump._load import load_dump
-from .dump._records import Call, Dump, Record
-
-if TYPE_CHECKING:
-    from ._replay import Reference
+from .._errors import PrecisionInputError
+from ..dump._records import Call, Dump, Record
+from ..numerics._comparison import TensorComparison, judge_pair, judge_rounding, resolve_standard
+from ..numerics._dtypes import dtype_from_name, dtype_name, lower_precision
+from ..numerics._standards import Standard, StandardName
+from ..numerics._stats import TensorStats
+from ..rerun._ops import NotReplayable
+from ..rerun._recompute import Rerun
+from ._alignment import completion_order
+from ._results import Cause, Divergence, RecordComparison, StatsComparison, Status, layer_of
 
 #: A drifting call that cannot be rerun is suspected only when its output's error level exceeds
 #: this many times its inputs'. Rounding noise amplifies less: bf16 and fp16 runs of the tiny
 #: Llama against fp32 (2 and 4 layers, 8 and 32 tokens, tensor and statistics dumps) reached 12x.
 AMPLIFICATION = 100.0
+
 
 #: How far (relative RMS error) what leaves a module may differ when the same computation is
 #: written another way (a fused kernel, another op order). Measured on the tiny Llama: bf16
@@ -55,298 +45,6 @@ REORDERED_ROUNDING = {
     torch.float32: 1e-4,
     torch.float64: 1e-9,
 }
-
-#: ``model.layers.3``, ``transformer.h.3``, ``encoder.layer.3``, ``blocks.3``: the layer a module
-#: path belongs to.
-_LAYER = re.compile(r"^(.*?\b(?:layers|layer|h|blocks|block)\.\d+)(?:\.|$)")
-
-Status = Literal["pass", "warn", "fail", "skip"]
-Cause = Literal["source", "wiring", "unmatched", "output", "rerun", "amplification"]
-
-
-@dataclass(frozen=True)
-class StatsComparison:
-    """Two statistics summaries compared (a statistics-only dump has nothing else).
-
-    Each difference is relative to the golden's value, but never to less than the golden's
-    root mean square (a mean near zero has no useful relative error).
-    """
-
-    max_diff: float
-    min_diff: float
-    mean_diff: float
-    norm_diff: float
-    non_finite_differs: bool
-
-    @property
-    def error_level(self) -> float:
-        """The size of the difference as the sums see it (mean, norm): a max or min moves by a
-        whole rounding step of one element, which says little about the tensor."""
-        return math.inf if self.non_finite_differs else max(self.mean_diff, self.norm_diff)
-
-    @property
-    def largest_difference(self) -> float:
-        """The largest of the four differences."""
-        if self.non_finite_differs:
-            return math.inf
-        return max(self.max_diff, self.min_diff, self.mean_diff, self.norm_diff)
-
-
-@dataclass(frozen=True)
-class RecordComparison:
-    """One slot of one aligned call: the target's record against the golden's."""
-
-    name: str
-    golden_name: str
-    slot: str
-    kind: str
-    op: str
-    module: str | None
-    rank: int
-    step: int
-    status: Status
-    reason: str
-    golden_dtype: str | None = None
-    target_dtype: str | None = None
-    shape: tuple[int, ...] | None = None
-    metrics: TensorComparison | StatsComparison | None = None
-
-    @property
-    def error_level(self) -> float:
-        """Relative size of the difference (relative RMS error for tensors), 0 if identical;
-        what drift amplification is measured in."""
-        if isinstance(self.metrics, TensorComparison):
-            if self.metrics.nonfinite_mismatch_count:  # a NaN or Inf where the other has none
-                return math.inf
-            sqnr = self.metrics.sqnr_db  # +inf when identical, -inf or nan for a zero signal
-            if sqnr == math.inf:
-                return 0.0
-            return 10 ** (-sqnr / 20) if math.isfinite(sqnr) else math.inf
-        if isinstance(self.metrics, StatsComparison):
-            return self.metrics.error_level
-        return 0.0 if self.status in ("pass", "skip") else math.inf
-
-    @property
-    def failed(self) -> bool:
-        return self.status == "fail"
-
-    def to_dict(self) -> dict[str, object]:
-        """A flat, JSON- and CSV-ready row."""
-        row: dict[str, object] = {
-            "name": self.name,
-            "golden_name": self.golden_name,
-            "kind": self.kind,
-            "op": self.op,
-            "slot": self.slot,
-            "module": self.module,
-            "rank": self.rank,
-            "step": self.step,
-            "status": self.status,
-            "reason": self.reason,
-            "golden_dtype": self.golden_dtype,
-            "target_dtype": self.target_dtype,
-            "shape": None if self.shape is None else list(self.shape),
-            "error_level": _finite_or_text(self.error_level),
-        }
-        if isinstance(self.metrics, TensorComparison):
-            m = self.metrics
-            for key in ("cosine", "max_abs_err", "max_rel_err", "rmse", "sqnr_db"):
-                row[key] = _finite_or_text(getattr(m, key))
-            row["thousandth_ratio"] = m.thousandth_ratio
-            row["max_abs_index"] = list(m.max_abs_index) if m.max_abs_index else None
-        elif isinstance(self.metrics, StatsComparison):
-            for key in ("max_diff", "min_diff", "mean_diff", "norm_diff"):
-                row[key] = _finite_or_text(getattr(self.metrics, key))
-        return row
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """Where the target started to go wrong: the guilty call, its module and layer, and why."""
-
-    name: str
-    golden_name: str
-    module: str | None
-    layer: str | None
-    rank: int
-    step: int
-    cause: Cause
-    reason: str
-    #: the failing record that convicts the call (an output, or the drifting source input)
-    record: RecordComparison
-
-    @property
-    def metrics(self) -> TensorComparison | StatsComparison | None:
-        return self.record.metrics
-
-
-@dataclass(frozen=True)
-class UnmatchedCall:
-    """A call one dump has and the other does not (an added, removed or fused op)."""
-
-    side: Literal["golden", "target"]
-    name: str
-    module: str | None
-    rank: int
-    step: int
-
-
-@dataclass
-class DumpComparison:
-    """The result of :func:`compare_dumps`."""
-
-    golden: Dump
-    target: Dump
-    records: list[RecordComparison]
-    first_divergence: Divergence | None
-    unmatched: list[UnmatchedCall] = field(default_factory=list)
-    matched_calls: int = 0
-    #: calls whose inputs drifted and outputs failed that could not be rerun: judged innocent
-    #: because they did not amplify the drift, not because a rerun cleared them
-    unverified: list[str] = field(default_factory=list)
-    #: (side, step, rank, calls) of each decode step and rank that only one dump has
-    one_sided: list[tuple[str, int, int, int]] = field(default_factory=list)
-    #: set when, at a later decode step, the model's inputs differ although every earlier call
-    #: was innocent: generation took another token (the steps after it are not judged)
-    inputs_diverged: Divergence | None = None
-
-    @property
-    def complete(self) -> bool:
-        """Both dumps hold the same decode steps and ranks, and some calls were aligned."""
-        return self.matched_calls > 0 and not self.one_sided
-
-    @property
-    def verdict(self) -> Literal["pass", "divergence", "inconclusive", "incomplete"]:
-        """``divergence``: a call is guilty; ``incomplete``: steps, ranks or every call of one
-        dump had no counterpart; ``inconclusive``: records differ and some drifting calls could
-        not be rerun to clear them; ``pass`` otherwise (identical, or noise)."""
-        if self.first_divergence is not None:
-            return "divergence"
-        if not self.complete:
-            return "incomplete"
-        if self.unverified and self.counts()["fail"]:
-            return "inconclusive"
-        return "pass"
-
-    @property
-    def passed(self) -> bool:
-        """No call is guilty, the comparison covered both dumps, and nothing was left unproven."""
-        return self.verdict == "pass"
-
-    def counts(self) -> dict[Status, int]:
-        out: dict[Status, int] = {"pass": 0, "warn": 0, "fail": 0, "skip": 0}
-        for record in self.records:
-            out[record.status] += 1
-        return out
-
-    def report(self, *, worst: int = 5) -> str:
-        """The terminal summary: what was compared, the first divergence, the worst records."""
-        from .report._dumps import dump_comparison_text
-
-        return dump_comparison_text(self, worst=worst)
-
-    def write_json(self, path: str | os.PathLike[str]) -> None:
-        from .report._dumps import write_dump_comparison_json
-
-        write_dump_comparison_json(self, Path(path))
-
-    def write_csv(self, path: str | os.PathLike[str]) -> None:
-        from .report._dumps import write_dump_comparison_csv
-
-        write_dump_comparison_csv(self, Path(path))
-
-
-def compare_dumps(
-    golden: Dump | str | os.PathLike[str],
-    target: Dump | str | os.PathLike[str],
-    *,
-    standard: Standard | StandardName | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> DumpComparison:
-    """Compare two dumps record by record and localize the first divergence.
-
-    Each side is a :class:`Dump` or a path :func:`load_dump` accepts (native, msprobe). Every
-    tensor pair is judged by ``standard`` (default: the standard of the lowest precision among
-    the call's tensors), statistics-only records by their statistics. ``progress(done, total)``
-    is called after each of the target's calls. See ``docs/compare.md`` for the rules.
-    """
-    # a bad name fails now, not mid-walk
-    if standard is not None and isinstance(resolve_standard(standard, torch.float32), Reference):
-        raise PrecisionInputError(
-            "the reference standard needs a float64 reference of every tensor, which a "
-            "dump does not hold; compare dumps with allclose, ratio, ulp or exact"
-        )
-    golden_dump, target_dump = as_dump(golden), as_dump(target)
-    named = {(c.step, c.rank, c.name): c for c in golden_dump.calls}
-    by_name = RunPrecision.learn(
-        (named[key], c) for c in target_dump.calls if (key := (c.step, c.rank, c.name)) in named
-    )
-    segments = align(
-        golden_dump.calls,
-        target_dump.calls,
-        with_dtypes=by_name.golden is not None and not by_name.crosses,
-    )
-    matched = [(g, t) for walk, _ in segments.values() for g, t in walk if g is not None]
-    judge = _Judge(
-        standard,
-        RunPrecision.learn(matched),
-        [t for _, t in matched],
-        golden_dump,
-        # float64 statistics of the same weights agree to the last bits; msprobe's are
-        # computed in the tensor's dtype, so only two native dumps can hold weights to that
-        exact_weight_stats=golden_dump.format == target_dump.format == "native",
-    )
-    result = DumpComparison(golden_dump, target_dump, [], None)
-    total = sum(len(walk) for walk, _ in segments.values())
-    done = 0
-    for (step, rank), (walk, golden_only) in segments.items():
-        result.unmatched.extend(_unmatched("golden", golden_only))
-        judge.remember_golden_only(golden_only)
-        if not any(g is not None for g, _ in walk):
-            side = "target" if walk else "golden"
-            result.one_sided.append((side, step, rank, len(walk) or len(golden_only)))
-        for g, t in walk:
-            if g is None:
-                result.unmatched.extend(_unmatched("target", [t]))
-                judge.remember_unmatched(t)
-                judge.track(t)
-            else:
-                result.matched_calls += 1
-                compared = judge.compare_call(g, t)
-                result.records.extend(compared)
-                judge.judge_call(g, t, compared)
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    result.first_divergence = judge.first_divergence()
-    result.unverified = judge.unverified
-    result.inputs_diverged = judge.inputs_diverged
-    return result
-
-
-def as_dump(value: Dump | str | os.PathLike[str]) -> Dump:
-    if isinstance(value, Dump):
-        return value
-    if isinstance(value, (str, os.PathLike)):
-        return load_dump(value)
-    raise PrecisionInputError(f"expected a Dump or a path to one, got {type(value).__name__}")
-
-
-def _unmatched(side: Literal["golden", "target"], calls: Iterable[Call]) -> Iterator[UnmatchedCall]:
-    for c in calls:
-        yield UnmatchedCall(side, c.name, c.module, c.rank, c.step)
-
-
-# -- judging -------------------------------------------------------------------------------------
-
-
-def layer_of(module: str | None) -> str | None:
-    """The decoder layer a module path belongs to (``model.layers.1`` for its attention's
-    ``o_proj``), or ``None`` outside any layer."""
-    if module is None:
-        return None
-    match = _LAYER.match(module)
-    return match.group(1) if match else None
 
 
 @dataclass(frozen=True)
@@ -368,7 +66,7 @@ class RunPrecision:
                 g = golden_slots.get(t.slot)
                 if g is None or not (g.is_tensor and t.is_tensor):
                     continue
-                pair = _torch_dtype(g.dtype), _torch_dtype(t.dtype)
+                pair = dtype_from_name(g.dtype), dtype_from_name(t.dtype)
                 if pair[0].is_floating_point and pair[1].is_floating_point:
                     (weights if t.slot.startswith("parameters") else tensors)[pair] += 1
         counts = weights or tensors
@@ -488,7 +186,7 @@ class _Judge:
             return self._compare_values(golden, target, g, t)
         if g.shape != t.shape:
             return _row(golden, target, t.slot, "fail", f"shape {t.shape} vs {g.shape}", g, t)
-        g_dtype, t_dtype = _torch_dtype(g.dtype), _torch_dtype(t.dtype)
+        g_dtype, t_dtype = dtype_from_name(g.dtype), dtype_from_name(t.dtype)
         dtype = self.precision.judging_dtype(g_dtype, t_dtype)
         weight = t.slot.startswith("parameters") or (t.rank, _fingerprint(t)) in self.parameters
         if g.loader is not None and t.loader is not None:
@@ -503,9 +201,9 @@ class _Judge:
             return _row(golden, target, t.slot, "skip", "no data or statistics to compare", g, t)
         if g_dtype.is_floating_point and not self.precision.expects(g_dtype, t_dtype):
             reason = (
-                f"dtype {_dtype_text(t_dtype)} where the golden has {_dtype_text(g_dtype)} (the "
-                f"run maps {_dtype_text(self.precision.golden)} to "
-                f"{_dtype_text(self.precision.target)}); {row.reason}"
+                f"dtype {dtype_name(t_dtype)} where the golden has {dtype_name(g_dtype)} (the "
+                f"run maps {dtype_name(self.precision.golden)} to "
+                f"{dtype_name(self.precision.target)}); {row.reason}"
             )
             return replace(row, status="fail", reason=reason)
         return row
@@ -544,7 +242,7 @@ class _Judge:
                 if differing:
                     reason = (
                         f"{differing} of {target_tensor.numel()} weight element(s) differ from "
-                        f"the golden's cast to {_dtype_text(target_tensor.dtype)}; {known.reason}"
+                        f"the golden's cast to {dtype_name(target_tensor.dtype)}; {known.reason}"
                     )
                     known = replace(known, verdict="fail", reason=reason)
             if key is not None:
@@ -822,7 +520,7 @@ class _Judge:
         loop (outside the captured forward) picked another token."""
         return (
             record.is_tensor
-            and not _torch_dtype(record.dtype).is_floating_point
+            and not dtype_from_name(record.dtype).is_floating_point
             and target.step > self.first_step
             and any(step < target.step for step in self.failing_steps)
         )
@@ -872,7 +570,7 @@ class _Judge:
         """A floating dtype the run's precision does not explain (bf16 in an fp32 run)."""
         if r.golden_dtype is None or r.target_dtype is None:
             return False
-        golden, target = _torch_dtype(r.golden_dtype), _torch_dtype(r.target_dtype)
+        golden, target = dtype_from_name(r.golden_dtype), dtype_from_name(r.target_dtype)
         floating = golden.is_floating_point and target.is_floating_point
         return floating and not self.precision.expects(golden, target)
 
@@ -884,8 +582,8 @@ class _Judge:
             return False
         if not isinstance(r.metrics, (TensorComparison, StatsComparison)):
             return True
-        golden = _torch_dtype(r.golden_dtype or r.target_dtype)
-        target = _torch_dtype(r.target_dtype or r.golden_dtype)
+        golden = dtype_from_name(r.golden_dtype or r.target_dtype)
+        target = dtype_from_name(r.target_dtype or r.golden_dtype)
         dtype = self.precision.judging_dtype(golden, target)
         level = (
             r.metrics.largest_difference
@@ -920,12 +618,10 @@ class _Judge:
         the target's own recorded inputs tells; without one, exactly matching inputs convict
         an output beyond rounding, and drifting inputs convict (weakly) only if the call
         amplified their error."""
-        from ._replay import NotReplayable, Reference
-
         worst = max(failing, key=lambda r: r.error_level)
         before = self._input_level(target, inputs)
         try:
-            rerun = Reference(target) if target.kind != "Module" else None
+            rerun = Rerun(target) if target.kind != "Module" else None
         except NotReplayable as exc:
             rerun, why_not = None, str(exc)
         else:
@@ -972,13 +668,11 @@ class _Judge:
         golden: Call,
         target: Call,
         failing: list[RecordComparison],
-        rerun: Reference,
+        rerun: Rerun,
     ) -> tuple[Divergence | None, bool]:
         """The culprit if a failing output lands outside its dtype's rounding envelope of the
         rerun; and whether every failing output could be checked at all. An overflow of the
         output's dtype convicts too: it is where the model leaves the dtype's range."""
-        from ._replay import NotReplayable
-
         try:
             records = {r.slot: r for r in target.outputs}
             checked = True
@@ -992,7 +686,7 @@ class _Judge:
                 if own.verdict == "fail":
                     reason = (
                         f"{r.slot} differs from a rerun of the call from its own recorded "
-                        f"inputs beyond {_dtype_text(own.dtype)} rounding: {own.reason}"
+                        f"inputs beyond {dtype_name(own.dtype)} rounding: {own.reason}"
                     )
                     return _divergence(target, golden, "rerun", reason, r), checked
         except NotReplayable:  # the rerun at the recorded dtypes an index needs
@@ -1016,8 +710,10 @@ def _within(module: str | None, path: str) -> bool:
 #: Causes that are reported only when no other call is guilty.
 _WEAK = frozenset({"amplification"})
 
+
 #: Content identity within one rank of one dump.
 _Key = tuple[int, tuple[object, ...] | None]
+
 
 #: Weights of a run that keeps its dtypes: their statistics agree up to summation order.
 _SAME_SUM = 1e-12
@@ -1037,10 +733,6 @@ def _differing_elements(target: torch.Tensor, golden: torch.Tensor) -> int:
         return 0
     same = (target == cast) | (target.isnan() & cast.isnan())
     return int((~same).sum())
-
-
-def _dtype_text(dtype: torch.dtype | None) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _equivalent_spelling(r: RecordComparison, identical: bool) -> RecordComparison:
@@ -1180,25 +872,3 @@ def _is_device(value: object) -> bool:
     except (RuntimeError, ValueError):
         return False
     return True
-
-
-def _torch_dtype(name: str | None) -> torch.dtype:
-    dtype = getattr(torch, name or "", None)
-    if not isinstance(dtype, torch.dtype):
-        raise PrecisionError(f"unknown dtype {name!r} in a dump record")
-    return dtype
-
-
-def lowest_float(records: Iterable[Record]) -> torch.dtype:
-    """The floating dtype with the fewest significand bits among ``records`` (float64 if none)."""
-    lowest = torch.float64
-    for record in records:
-        if record.dtype is not None:
-            dtype = _torch_dtype(record.dtype)
-            if dtype.is_floating_point:
-                lowest = lower_precision(lowest, dtype)
-    return lowest
-
-
-def _finite_or_text(value: float) -> float | str:
-    return value if math.isfinite(value) else str(value)

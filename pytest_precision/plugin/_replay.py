@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ._errors import PrecisionError, PrecisionWarning
+from .._errors import PrecisionError, PrecisionWarning
 
 if TYPE_CHECKING:
-    from ._replay import ReplayResult
-    from .dump import Dump
+    from ..dump import Dump
+    from ..replay._verdict import ReplayResult
 
 FIXTURE = "replay_case"
 MARKER = (
@@ -46,7 +46,8 @@ class ReplayCase:
     def run(self) -> ReplayResult:
         """Replay the op (see :func:`pytest_precision.replay_op`); an op that cannot be rerun
         (random, uninitialized memory, ...) skips the test with the reason."""
-        from ._replay import NotReplayable, replay_op
+        from ..replay._verdict import replay_op
+        from ..rerun._ops import NotReplayable
 
         golden = None if self.golden is None else _load(self.golden)
         try:
@@ -76,7 +77,7 @@ class ReplayCase:
 @functools.cache
 def _load(path: str) -> Dump:
     """Each dump is read once per process, however many cases replay from it."""
-    from .dump import load_dump
+    from ..dump import load_dump
 
     return load_dump(path)
 
@@ -171,7 +172,7 @@ def _matching(dump: Dump, globs: tuple[str, ...]) -> list[Any]:
 def _devices(devices: str | Sequence[str] | None) -> list[tuple[str, str | None]]:
     """Each device with why it cannot run here (None: it can). Without a list, the available
     backends; a listed unavailable device still gets its cases, which skip with the reason."""
-    from ._devices import available_devices, backend_of
+    from ..runtime._devices import available_devices, backend_of
 
     if devices is None:
         return [(backend.name, None) for backend in available_devices()]

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._errors import PrecisionInputError, PrecisionWarning
-from ._metrics import HISTOGRAM_EDGES, ErrorDetails, error_details
+from .._errors import PrecisionInputError, PrecisionWarning
+from ._comparison import TensorComparison, compare_tensors
+from ._details import HISTOGRAM_EDGES, ErrorDetails, error_details
 from ._nested import iter_leaf_pairs
-from ._standards import VERDICT_ORDER, Standard, TensorComparison, Verdict, compare_tensors
+from ._standards import VERDICT_ORDER, Standard, Verdict
 
 
 def _from_numpy(array: np.ndarray, where: str) -> torch.Tensor:

@@ -26,12 +26,24 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from . import _chunks
+from ._kernel_layout import (
+    ABS_ERR,
+    ACC_SIZE,
+    LOC_ABS,
+    LOC_REL,
+    LOC_ULP,
+    MAX_ABS,
+    MAX_REL,
+    MAX_ULP,
+    RULE_SLOTS,
+    RULES_START,
+    SUMS,
+)
+
 #: Set to ``0`` to use the torch pipeline even where numba is installed.
 ENV_SWITCH = "PYTEST_PRECISION_KERNELS"
 
-#: Elements per chunk of narrower floats widened for the kernels: big enough to amortize a call,
-#: small enough that the float32 conversion buffers stay in cache.
-CHUNK_NUMEL = 1 << 18
 #: Elements per block inside a call: the unit of the finiteness check and of max locations.
 BLOCK_NUMEL = 4096
 #: Below this much work (elements times their relative cost) the work stays on the calling
@@ -47,25 +59,6 @@ _WIDENED_DTYPES = {torch.float16, torch.bfloat16} | {
     for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
     if hasattr(torch, name)
 }
-
-# Per-element quantities a rule may bound (``_metrics.Quantity`` takes its codes from here).
-ABS_ERR, REL_ERR, FLOORED_REL_ERR, ULP_ERR, ALLCLOSE_EXCESS = range(5)
-
-# Layout of the float64 accumulator of the comparison kernel.
-SUMS = slice(0, 7)  # a.e, a.a, e.e, d.d, sum |d|, sum rel, sum ulp
-MAX_ABS, MAX_REL, MAX_ULP = 7, 8, 9
-ACC_SIZE = 10
-# Layout of the int64 counters: two thousandth counts, non-finite counts, then rule counts.
-OVER_THOUSANDTH, OVER_FIVE_THOUSANDTH = 0, 1
-NONFINITE = slice(2, 10)  # a: nan +inf -inf, e: nan +inf -inf, mismatched, either side
-RULES_START = 10
-#: Limits a rule may have in the kernels (the standards use at most three).
-RULE_SLOTS = 4
-# Layout of the int64 max locations: the start of the first block holding each maximum.
-LOC_ABS, LOC_REL, LOC_ULP = 0, 1, 2
-
-EXPONENT_BITS = 0x7FF << 52
-THOUSANDTH, FIVE_THOUSANDTH = 1e-3, 5e-3
 
 
 @functools.cache
@@ -137,8 +130,8 @@ def _kernel_arrays(
         yield start, [flat[start:stop].numpy() for flat in flats]
         return
     buffers: dict[int, torch.Tensor] = _local.__dict__.setdefault("buffers", {})
-    for lo in range(start, stop, CHUNK_NUMEL):
-        hi = min(lo + CHUNK_NUMEL, stop)
+    for lo in range(start, stop, _chunks.CHUNK_NUMEL):
+        hi = min(lo + _chunks.CHUNK_NUMEL, stop)
         arrays = []
         for slot, flat in enumerate(flats):
             chunk = flat[lo:hi]
@@ -147,7 +140,7 @@ def _kernel_arrays(
                 continue
             buffer = buffers.get(slot)
             if buffer is None or buffer.numel() < chunk.numel():
-                buffer = buffers[slot] = torch.empty(max(chunk.numel(), CHUNK_NUMEL))
+                buffer = buffers[slot] = torch.empty(max(chunk.numel(), _chunks.CHUNK_NUMEL))
             arrays.append(buffer[: chunk.numel()].copy_(chunk).numpy())
         yield lo, arrays
 
@@ -177,11 +170,11 @@ T = TypeVar("T")
 def run_chunks(numel: int, work: Callable[[int, int], T], *, cost: int = 1) -> list[T]:
     """Call ``work(start, stop)`` on contiguous chunk-aligned ranges covering ``numel``
     elements, one range per thread, and return the results in range order."""
-    workers = max(min(torch.get_num_threads(), -(-numel // CHUNK_NUMEL)), 1)
+    workers = max(min(torch.get_num_threads(), -(-numel // _chunks.CHUNK_NUMEL)), 1)
     if numel * cost < PARALLEL_NUMEL or workers == 1:
         return [work(0, numel)]
-    chunks = -(-numel // CHUNK_NUMEL)
-    bounds = [min(numel, (chunks * i // workers) * CHUNK_NUMEL) for i in range(workers + 1)]
+    chunks = -(-numel // _chunks.CHUNK_NUMEL)
+    bounds = [min(numel, (chunks * i // workers) * _chunks.CHUNK_NUMEL) for i in range(workers + 1)]
     ranges = [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
     pool = _threads(len(ranges) - 1)  # the calling thread takes the first range
     futures = [pool.submit(work, lo, hi) for lo, hi in ranges[1:]]

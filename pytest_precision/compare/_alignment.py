@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Hashable, Sequence
 
-from .dump._records import Call
+from ..dump._records import Call
 
 #: target calls in the order they finished, each with its golden partner (None: unmatched),
 #: and the golden calls without a partner

@@ -1,6 +1,6 @@
 """The numba kernels behind :mod:`._kernels` (imported on first use: numba is optional).
 
-Each kernel reads a chunk once, in blocks (``_kernels.BLOCK_NUMEL`` elements): a branch-free loop
+Each kernel reads a chunk once, in blocks (``BLOCK_NUMEL`` elements): a branch-free loop
 accumulates every sum and maximum of a block, assuming it finite; a block that proves otherwise
 is redone element by element with the non-finite values counted and left out. Counting
 elements above limits takes a second look at a block, only where its maxima say some element
@@ -25,7 +25,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ._kernels import (
+from ._kernel_layout import (
     ABS_ERR,
     EXPONENT_BITS,
     FIVE_THOUSANDTH,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._errors import PrecisionInputError
+from .._errors import PrecisionInputError
 
 
 def flatten(value: Any) -> list[tuple[str, Any]]:

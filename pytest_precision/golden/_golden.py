@@ -13,18 +13,20 @@ import os
 import shlex
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ._assertions import Comparison, ItemComparison, compare, to_tensor
-from ._devices import flat_fingerprint
-from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
-from ._golden_active import active_factory
-from ._golden_files import (
+from .._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
+from ..numerics._assertions import Comparison, ItemComparison, compare, to_tensor
+from ..numerics._comparison import TensorComparison, _check_pair, resolve_standard
+from ..numerics._nested import iter_leaf_pairs
+from ..numerics._standards import VERDICT_ORDER, Standard
+from ..runtime._devices import flat_fingerprint
+from ._active import active_factory
+from ._files import (
     Entry,
     GoldenFile,
     NewerSchemaError,
@@ -33,218 +35,19 @@ from ._golden_files import (
     read_golden,
     write_golden,
 )
-from ._golden_layout import MARKER, golden_relpath, is_golden_dir, mark_golden_dir
-from ._nested import iter_leaf_pairs
-from ._standards import (
-    STANDARDS,
-    VERDICT_ORDER,
-    Standard,
-    TensorComparison,
-    _check_pair,
-    resolve_standard,
+from ._layout import mark_golden_dir
+from ._sources import (
+    DumpGoldens,
+    GoldenDirectory,
+    GoldenSource,
+    environment_diff,
+    environment_record,
+    open_golden_source,
 )
-from .dump import Dump, Record
+from ._tolerances import NO_TOLERANCE, Tolerance
 
 _AUTO_NAME = "#"
 
-
-@dataclass(frozen=True)
-class Tolerance:
-    """A standard and/or allclose tolerances; unset fields defer to the next level."""
-
-    standard: str | Standard | None = None
-    rtol: float | None = None
-    atol: float | None = None
-
-    @property
-    def is_set(self) -> bool:
-        return self.standard is not None or self.rtol is not None or self.atol is not None
-
-
-def parse_tolerances(
-    lines: Iterable[str], source: str = "precision_tolerances"
-) -> dict[torch.dtype, Tolerance]:
-    """Parse per-dtype tolerance lines such as ``bfloat16: rtol=1.6e-2 atol=1e-5`` or
-    ``float32: standard=ulp``; every malformed line is a :class:`PrecisionInputError`."""
-    table: dict[torch.dtype, Tolerance] = {}
-    for number, raw in enumerate(lines, 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        where = f"{source} line {number} ({raw.strip()!r})"
-        dtype_name, sep, settings = line.partition(":")
-        dtype = getattr(torch, dtype_name.strip(), None)
-        if not sep or not isinstance(dtype, torch.dtype):
-            raise PrecisionInputError(
-                f"{where}: expected 'DTYPE: key=value ...' with a torch dtype name such as "
-                "bfloat16, float16, float32"
-            )
-        values: dict[str, Any] = {}
-        for setting in settings.split():
-            key, eq, value = setting.partition("=")
-            if not eq or key not in ("standard", "rtol", "atol"):
-                raise PrecisionInputError(
-                    f"{where}: {setting!r} is not standard=NAME, rtol=NUMBER or atol=NUMBER"
-                )
-            if key == "standard":
-                if value not in STANDARDS:
-                    raise PrecisionInputError(
-                        f"{where}: unknown standard {value!r} (known: {', '.join(STANDARDS)})"
-                    )
-                values[key] = value
-                continue
-            try:
-                number_value = float(value)
-            except ValueError:
-                raise PrecisionInputError(
-                    f"{where}: {key} must be a number, not {value!r}"
-                ) from None
-            if not number_value >= 0:
-                raise PrecisionInputError(f"{where}: {key} must be >= 0")
-            values[key] = number_value
-        if not values:
-            raise PrecisionInputError(f"{where}: no standard, rtol or atol given")
-        if dtype in table:
-            raise PrecisionInputError(f"{where}: {dtype_name.strip()} is configured twice")
-        tolerance = Tolerance(**values)
-        try:
-            resolve_standard(tolerance.standard, dtype, rtol=tolerance.rtol, atol=tolerance.atol)
-        except PrecisionInputError as exc:
-            raise PrecisionInputError(f"{where}: {exc}") from None
-        table[dtype] = tolerance
-    return table
-
-
-# --- environment fingerprint -------------------------------------------------------------------
-
-
-def _environment(device: torch.device | None = None, seed: int | None = None) -> dict[str, str]:
-    """What a golden's reader needs to judge a difference: versions, devices, flags, env vars
-    (the shared fingerprint), plus the value's device and the test's seed when it seeded (an
-    unseeded torch seed is random, so it would differ on every run)."""
-    env = flat_fingerprint()
-    env["device"] = _device_name(device)
-    if seed is not None:
-        env["seed"] = str(seed)
-    return env
-
-
-def _device_name(device: torch.device | None) -> str:
-    if device is None or device.type == "cpu":
-        return "cpu"
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    return device.type
-
-
-def environment_diff(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
-    """The checklist lines where the golden's environment differs from this run's."""
-    return [
-        f"  {key}: {recorded.get(key, '-')} (golden) vs {current.get(key, '-')} (now)"
-        for key in sorted(set(recorded) | set(current))
-        if recorded.get(key) != current.get(key)
-    ]
-
-
-# --- where goldens come from --------------------------------------------------------------------
-
-
-class GoldenDirectory:
-    """A folder of golden files, one per test."""
-
-    writable = True
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def file_for(self, test_id: str) -> Path:
-        return self.path / golden_relpath(test_id)
-
-    def read(self, test_id: str) -> GoldenFile | None:
-        path = self.file_for(test_id)
-        return read_golden(path) if path.exists() else None
-
-
-class DumpGoldens:
-    """A dump (for example a GPU baseline run) whose records serve as goldens, read-only.
-
-    A name is looked up as a record key (``<record name>.<slot>``), then as a record name (its
-    output, a tuple when it has several), then as a module path (the outputs of the module's
-    first call).
-    """
-
-    writable = False
-
-    def __init__(self, dump: Dump) -> None:
-        self.dump = dump
-        self.path = Path(dump.path)
-        self._by_key: dict[str, Record] = {}
-        self._by_name: dict[str, list[Record]] = {}
-        self._first_call: dict[str, str] = {}
-        for record in dump.records:
-            self._by_key.setdefault(record.key, record)
-            self._by_name.setdefault(record.name, []).append(record)
-            if record.module is not None and (
-                record.kind.lower() == "module" or record.name.startswith("Module.")
-            ):
-                self._first_call.setdefault(record.module, record.name)
-
-    def lookup(self, name: str) -> tuple[str, Any] | None:
-        """``(record description, value)`` for a name, or ``None`` when nothing matches."""
-        if name in self._by_key:
-            return name, self._value(self._by_key[name])
-        call = name if name in self._by_name else self._first_call.get(name)
-        if call is None:
-            return None
-        outputs = [r for r in self._by_name[call] if r.slot.startswith("output")]
-        if not outputs:
-            raise PrecisionInputError(
-                f"{self.path}: record {call} has no output slot "
-                f"(slots: {', '.join(r.slot for r in self._by_name[call])}); name one as "
-                f"'{call}.<slot>'"
-            )
-        if len(outputs) == 1:
-            return outputs[0].key, self._value(outputs[0])
-        return f"{call}.output", tuple(self._value(r) for r in outputs)
-
-    def _value(self, record: Record) -> Any:
-        if not record.is_tensor:
-            return record.value
-        tensor = record.load()
-        if tensor is None:
-            raise PrecisionInputError(
-                f"{self.path}: record {record.key} has statistics only; goldens need a dump "
-                "with tensor data"
-            )
-        return tensor
-
-
-GoldenSource = GoldenDirectory | DumpGoldens
-
-
-def open_golden_source(path: str | os.PathLike[str]) -> GoldenSource:
-    """A golden directory, or a dump when ``path`` is not one (see :func:`is_golden_dir`)."""
-    path = Path(path)
-    if is_golden_dir(path):
-        return GoldenDirectory(path)
-    try:
-        from .dump import load_dump  # type: ignore[attr-defined]
-    except ImportError:
-        raise PrecisionError(
-            f"{path} is not a golden directory (it has files but no {MARKER}) and this "
-            "pytest-precision cannot read dumps"
-        ) from None
-    try:
-        dump = load_dump(path)
-    except DumpFormatError as exc:
-        raise PrecisionError(
-            f"{path} is neither a golden directory (it has files but no {MARKER}) "
-            f"nor a readable dump: {exc.problem}"
-        ) from None
-    return DumpGoldens(dump)
-
-
-# --- one test's goldens -------------------------------------------------------------------------
 
 _MISSING = object()
 
@@ -265,7 +68,7 @@ class Golden:
         test_id: str,
         *,
         update: bool = False,
-        tolerance: Tolerance = Tolerance(),
+        tolerance: Tolerance = NO_TOLERANCE,
         dtype_tolerances: Mapping[torch.dtype, Tolerance] | None = None,
         record_hint: str | None = None,
         on_record: Callable[[dict[str, Any]], None] | None = None,
@@ -345,7 +148,7 @@ class Golden:
             recorded = golden_file.environment if golden_file else {}
         if not recorded:
             return []
-        current = _environment(_device_of(value), seed=self.seed)
+        current = environment_record(_device_of(value), seed=self.seed)
         return environment_diff(flat_fingerprint(recorded), current)
 
     # ... comparing
@@ -479,10 +282,10 @@ class Golden:
 
     def _tolerance_for(self, call: Tolerance, dtype: torch.dtype) -> Tolerance:
         """Per call, else per test (marker), else per dtype (ini), else the dtype's default."""
-        for tolerance in (call, self.tolerance, self.dtype_tolerances.get(dtype, Tolerance())):
+        for tolerance in (call, self.tolerance, self.dtype_tolerances.get(dtype, NO_TOLERANCE)):
             if tolerance.is_set:
                 return tolerance
-        return Tolerance()
+        return NO_TOLERANCE
 
     def _hint(self, what: str) -> str:
         command = self._record_hint or (
@@ -549,7 +352,7 @@ class Golden:
         entries.update(self._staged)
         path = self.location
         mark_golden_dir(self.source.path)
-        write_golden(path, entries, _environment(self._device, seed=self.seed))
+        write_golden(path, entries, environment_record(self._device, seed=self.seed))
         self._file = read_golden(path) if self._autoflush else _MISSING
         self._staged.clear()
         self._file_unreadable = False
@@ -633,9 +436,6 @@ def record_command(test_id: str, golden_dir: Path, invocation_dir: Path) -> str:
         f"python -m pytest {shlex.quote(test_id)} --golden-dir {shlex.quote(str(shown))} "
         "--golden-update"
     )
-
-
-# --- the active golden ---------------------------------------------------------------------------
 
 
 def current_golden() -> Golden:

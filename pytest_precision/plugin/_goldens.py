@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ._errors import PrecisionError, PrecisionInputError
-from ._golden_active import STATUSES, UPDATED, activate, deactivate
-from ._golden_layout import (
+from .._errors import PrecisionError, PrecisionInputError
+from ..golden._active import STATUSES, UPDATED, activate, deactivate
+from ..golden._layout import (
     MARKER,
     SCHEMA_VERSION,
     SUFFIX,
@@ -36,7 +36,9 @@ from ._golden_layout import (
 if TYPE_CHECKING:
     import torch
 
-    from ._golden import Golden, GoldenSource, Tolerance
+    from ..golden._golden import Golden
+    from ..golden._sources import GoldenSource
+    from ..golden._tolerances import Tolerance
 
 #: Name prefix of the user properties carrying golden records (one per comparison).
 PROPERTY_PREFIX = "precision.golden"
@@ -174,7 +176,8 @@ class GoldenPlugin:
 
     def _golden_for(self, item: pytest.Item) -> Golden:
         __tracebackhide__ = True
-        from ._golden import Golden, open_golden_source, record_command
+        from ..golden._golden import Golden, record_command
+        from ..golden._sources import open_golden_source
 
         if self.golden_dir is None:
             raise PrecisionError(
@@ -388,7 +391,7 @@ def _dtype_tolerances(config: pytest.Config) -> dict[torch.dtype, Tolerance]:
     lines = config.getini("precision_tolerances")
     if not lines:
         return {}
-    from ._golden import parse_tolerances
+    from ..golden._tolerances import parse_tolerances
 
     try:
         return parse_tolerances(lines)
@@ -397,7 +400,7 @@ def _dtype_tolerances(config: pytest.Config) -> dict[torch.dtype, Tolerance]:
 
 
 def _marker_tolerance(item: pytest.Item) -> Tolerance:
-    from ._golden import Tolerance
+    from ..golden._tolerances import Tolerance
 
     marker = item.get_closest_marker("precision")
     if marker is None:

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ._records import Dump, Record
+from ..dump._records import Dump, Record
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 

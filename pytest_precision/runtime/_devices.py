@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy
 import torch
 
-from ._errors import PrecisionInputError
+from .._errors import PrecisionInputError
 
 #: The seed a torch accelerator generator starts from when nobody seeded it (c10's
 #: ``default_rng_seed_val``); restoring a never-seeded generator means going back to it.

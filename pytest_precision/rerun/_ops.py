@@ -1,0 +1,223 @@
+"""Which callable a recorded call names, and which calls cannot be rerun at all (random,
+uninitialized, communication). Names are resolved as attribute lookups at call time, never
+evaluated, so a patched function (``torch_npu`` and serving frameworks patch torch at import) is
+the one that reruns. See ``docs/replay.md`` for the mapping."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import operator
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .._errors import PrecisionError
+from ..dump._records import Call
+
+
+class NotReplayable(PrecisionError):
+    """A recorded call cannot be rerun; str(exc) says why in one line (shown to users)."""
+
+
+#: Ops that draw random numbers: a rerun draws different ones (names without ``_`` around them).
+# fmt: off
+_RANDOM = frozenset({
+    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
+    "bernoulli", "multinomial", "normal", "uniform", "exponential", "geometric", "cauchy",
+    "log_normal", "random", "poisson", "binomial", "gumbel_softmax", "fused_dropout",
+    "rrelu_with_noise",
+})
+
+
+# fmt: on
+#: Ops that are random only when training: name -> (position of the flag, its default in
+#: ``torch.nn.functional``; the ``torch.*`` and aten forms require it).
+_RANDOM_WHEN_TRAINING = {
+    **dict.fromkeys(
+        ("dropout", "dropout1d", "dropout2d", "dropout3d", "feature_dropout", "native_dropout"),
+        (2, True),
+    ),
+    **dict.fromkeys(("alpha_dropout", "feature_alpha_dropout"), (2, False)),
+    "rrelu": (3, False),
+}
+
+
+#: Ops whose output is uninitialized memory (or partly: ``resize_`` growing a tensor).
+_UNINITIALIZED = ("empty", "new_empty", "resize")
+
+
+#: Collective communication: the other ranks are not there to rerun with. ``gather``,
+#: ``scatter``, ``reduce`` and ``broadcast`` are collectives only as ``Distributed`` calls:
+#: ``Tensor.gather`` and ``Tensor.scatter_`` are everyday ops.
+# fmt: off
+_COMMUNICATION = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "isend",
+    "irecv", "barrier", "allgather_base", "reduce_scatter_base",
+})
+
+
+# fmt: on
+#: In-place operators that are dunders (other in-place ops end with one ``_``).
+# fmt: off
+_INPLACE_DUNDERS = frozenset({
+    "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__", "__ifloordiv__", "__imod__",
+    "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
+    "__setitem__",
+})
+
+
+# fmt: on
+#: Tensor methods whose name is a floating dtype: at a replay precision they cast to it instead.
+_FLOAT_CASTS = frozenset({"half", "bfloat16", "float", "double"})
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _base_name(call: Call) -> str:
+    """The op without an aten overload (``add_.Tensor`` -> ``add_``)."""
+    return call.op.split(".", 1)[0]
+
+
+def is_inplace(call: Call) -> bool:
+    name = _base_name(call)
+    return name in _INPLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
+
+
+def _refuse_by_name(call: Call) -> None:
+    """Raise NotReplayable for ops whose rerun says nothing about the recorded output."""
+    name = _base_name(call).strip("_")
+    if call.kind == "Distributed" or name in _COMMUNICATION:
+        raise NotReplayable(
+            f"{call.name} is a communication op: the other ranks are not there to rerun it with"
+        )
+    if name.startswith(_UNINITIALIZED):
+        raise NotReplayable(
+            f"{call.name} returns uninitialized memory: its recorded output is garbage, "
+            "not a result to reproduce"
+        )
+    if name in _RANDOM:
+        raise NotReplayable(f"{call.name} is a random op: a rerun draws different numbers")
+    if name == "scaled_dot_product_attention" and _argument_value(call, 4, "dropout_p"):
+        raise NotReplayable(f"{call.name} is a random op: dropout_p > 0 draws a fresh mask")
+    if name in _RANDOM_WHEN_TRAINING:
+        position, default = _RANDOM_WHEN_TRAINING[name]
+        if _training_flag(call, position, default) is not False:
+            raise NotReplayable(
+                f"{call.name} is a random op: {name} with training=True draws a fresh mask"
+            )
+
+
+def _argument_value(call: Call, position: int, keyword: str) -> Any:
+    for record in call.inputs:
+        if record.slot in (f"input.{position}", f"kwargs.{keyword}"):
+            return record.value
+    return None
+
+
+def _training_flag(call: Call, position: int, default: bool) -> Any:
+    slots = {f"input.{position}", "kwargs.training", "kwargs.train"}
+    for record in call.inputs:
+        if record.slot in slots:
+            return record.value
+    return default
+
+
+def _attribute(owner: Any, name: str) -> Any:
+    """``owner.name`` for a plain identifier that is not a dunder, else None (never eval'd)."""
+    if not _IDENTIFIER.fullmatch(name) or name.startswith("__"):
+        return None
+    try:
+        return getattr(owner, name, None)
+    except RuntimeError:  # torch.ops namespaces raise for unknown names on some versions
+        return None
+
+
+#: ``Torch.<prefix>X`` names torch functions of submodules (``torch.linalg.vector_norm``'s
+#: ``__name__`` is ``linalg_vector_norm``): prefix -> submodule.
+_TORCH_SUBMODULES = {"linalg_": "linalg", "special_": "special", "fft_": "fft"}
+
+
+def _torch_function(op: str, call: Call) -> Any:
+    found = _attribute(torch, op)
+    if found is not None:
+        return found
+    for prefix, submodule in _TORCH_SUBMODULES.items():
+        if op.startswith(prefix):
+            return _attribute(getattr(torch, submodule), op.removeprefix(prefix))
+    if op.startswith("npu_"):  # a torch_npu function seen by capture's torch-function mode
+        return _npu_op(op, call)
+    return None
+
+
+def _tensor_method(op: str) -> Any:
+    """``torch.Tensor.op``, dunders included; a property (``T``, ``mT``) is read off the input."""
+    if not _IDENTIFIER.fullmatch(op):
+        return None
+    found = getattr(torch.Tensor, op, None)
+    if inspect.isdatadescriptor(found):
+        return operator.attrgetter(op)
+    return found
+
+
+def _aten_op(op: str) -> Any:
+    """``torch.ops.aten.add.Tensor`` for ``add.Tensor``, the overload packet for ``add``."""
+    name, _, overload = op.partition(".")
+    found = _attribute(torch.ops.aten, name)
+    return found if found is None or not overload else _attribute(found, overload)
+
+
+def _npu_op(op: str, call: Call) -> Any:
+    try:
+        torch_npu = importlib.import_module("torch_npu")
+    except ImportError as exc:
+        raise NotReplayable(
+            f"{call.name} is an Ascend NPU op: replaying it needs torch_npu, which cannot be "
+            f"imported here ({exc}); rerun it on a machine with torch_npu"
+        ) from None
+    found = _attribute(torch_npu, op)
+    return found if found is not None else _attribute(torch.ops.npu, op)
+
+
+#: How each kind of call name maps to a callable; None when the name is unknown.
+_FINDERS: dict[str, Callable[[str, Call], Any]] = {
+    "Functional": lambda op, call: _attribute(F, op),
+    "Torch": _torch_function,
+    "Tensor": lambda op, call: _tensor_method(op),
+    "Aten": lambda op, call: _aten_op(op),
+    "VF": lambda op, call: _attribute(torch._VF, op),
+    "NPU": _npu_op,
+    "Npu": _npu_op,
+}
+
+
+def resolve_op(call: Call) -> Callable[..., Any]:
+    """The callable a recorded op name refers to, looked up now (a patched function is the one
+    under test). Raises NotReplayable for module calls, unknown names, backward calls,
+    uninitialized-memory, random and communication ops, and NPU ops without torch_npu."""
+    if call.kind == "Module":
+        raise NotReplayable(
+            f"{call.name} is a module's forward, not an op: replay reruns single ops "
+            "(capture at level='op' or 'mix' to record the ops inside it)"
+        )
+    if ".backward" in call.name or ".parameters_grad" in call.name:
+        raise NotReplayable(f"{call.name} is a backward call: replay reruns forward ops only")
+    finder = _FINDERS.get(call.kind)
+    if finder is None and call.kind != "Distributed":
+        raise NotReplayable(
+            f"{call.name}: calls of kind {call.kind!r} cannot be replayed "
+            f"(replay knows {', '.join(sorted(_FINDERS))})"
+        )
+    _refuse_by_name(call)
+    assert finder is not None  # Distributed was refused above
+    found = finder(call.op, call)
+    if found is None or not callable(found) or inspect.isclass(found):
+        raise NotReplayable(
+            f"{call.name}: no {call.kind} op {call.op!r} in this torch ({torch.__version__})"
+        )
+    return found  # type: ignore[no-any-return]

@@ -7,4 +7,6 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[test,lint]'
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/lint-imports
 .venv/bin/python -m pytest -n 2 "$@"

@@ -21,7 +21,7 @@ from pytest_precision.dump._records import Call, Record
 from pytest_precision.numerics._dtypes import dtype_name
 from pytest_precision.rerun._arguments import rebuild_arguments
 from pytest_precision.rerun._ops import NotReplayable, resolve_op
-from pytest_precision.rerun._recompute import recompute
+from pytest_precision.rerun._recompute import Rerun, recompute
 
 CONFIG = TinyLlamaConfig(num_layers=2)
 
@@ -90,7 +90,7 @@ def test_every_llama_op_reruns_bitwise(llama_dump: Dump) -> None:
     assert len(llama_dump.calls) > 140
     assert compared >= len(llama_dump.calls)
     # The transposed operand of the attention matmul was recorded with its strides: without
-    # them the rerun differs in the last bits (see test_layout_is_restored).
+    # them the rerun may take another kernel path (see test_layout_is_restored).
     kinds = {call.name.rsplit(".", 2)[0] for call in llama_dump.calls}
     assert {
         "Functional.linear",
@@ -108,11 +108,12 @@ def test_layout_is_restored(tmp_path: Path) -> None:
     call = _ops(dump)["Torch.matmul.0.forward"]
     assert call.inputs[0].stride is None  # contiguous: nothing to restore
     assert call.inputs[1].stride == (512, 128, 1, 16)
-    (rebuilt_q, rebuilt_k), _ = rebuild_arguments(call)
+    (_, rebuilt_k), _ = rebuild_arguments(call)
     assert rebuilt_k.stride() == k.transpose(-1, -2).stride()
+    assert torch.equal(rebuilt_k, k.transpose(-1, -2))
+    # Rerun on the machine that recorded, in the same test: the same kernel path, the same bits
+    # (a contiguous copy may take another path on some CPUs and differ in the last bits).
     assert_bitwise_equal(recompute(call, dtype=None)["output.0"], output)
-    # the contiguous copy takes another kernel path: this is why the layout matters
-    assert not torch.equal(torch.matmul(rebuilt_q, rebuilt_k.contiguous()), output)
 
 
 #: views -> the strides replay lays their recorded data out with: the recorded dimension order,
@@ -463,7 +464,13 @@ def test_msprobe_tensor_dumps_replay(case: str) -> None:
         (record,) = call.outputs
         recorded = record.load()
         assert recorded is not None
-        assert_bitwise_equal(outputs[record.slot], recorded)
+        # Recorded on another machine (another CPU's kernels): within rounding, not bitwise.
+        rerun = Rerun(call)
+        assert outputs[record.slot].dtype == recorded.dtype
+        for value in (recorded, outputs[record.slot]):
+            judged = rerun.judge(record.slot, value)
+            assert judged is not None
+            assert judged.verdict == "pass", (call.name, judged.reason)
         in_float64 = recompute(call)[record.slot]
         assert in_float64.dtype == torch.float64
         tolerance = 1e-2 if recorded.dtype == torch.bfloat16 else 1e-5

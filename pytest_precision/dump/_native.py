@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from .._atomic import atomic_write
 from .._errors import DumpFormatError
 from ..numerics._stats import TensorStats
 from ._records import Dump, Record
@@ -141,10 +141,8 @@ def json_members(data: dict[str, Any]) -> str:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``path`` through a temporary file in the same folder, then rename over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, allow_nan=False), encoding="utf-8")
-    os.replace(tmp, path)
+    """Write ``path`` atomically (strict JSON: no NaN or Infinity)."""
+    atomic_write(path, json.dumps(data, indent=1, allow_nan=False).encode())
 
 
 def numerics_settings() -> dict[str, Any]:

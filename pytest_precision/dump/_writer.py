@@ -20,6 +20,7 @@ from typing import Any, TextIO
 import torch
 from safetensors.torch import load, save, save_file
 
+from .._atomic import atomic_write
 from .._errors import PrecisionError
 from .._version import __version__
 from ..numerics._stats import TensorStats, tensor_stats
@@ -317,9 +318,8 @@ class DumpWriter:
             return
         name = f"shard-{len(self._shards):05d}.safetensors"
         path = self.folder / name
-        tmp = path.with_name(f".{name}.tmp")
-        save_file(self._shard, os.fspath(tmp))
-        os.replace(tmp, path)
+        shard = self._shard
+        atomic_write(path, lambda temp: save_file(shard, os.fspath(temp)))
         self._shards[name] = path.stat().st_size
         released = self._shard_nbytes
         self._shard = {}

@@ -20,10 +20,11 @@ import safetensors
 import safetensors.torch
 import torch
 
+from .._atomic import atomic_write
 from .._errors import DumpFormatError, PrecisionInputError
 from ..numerics._assertions import to_tensor
 from ..numerics._nested import is_leaf
-from ._layout import SCHEMA_VERSION, atomic_write
+from ._layout import SCHEMA_VERSION
 
 _METADATA_KEY = "pytest_precision.golden"
 

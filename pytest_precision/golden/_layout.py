@@ -9,19 +9,17 @@ collected test to its golden path in every run, goldens used or not.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import re
-import tempfile
 from pathlib import Path, PurePosixPath
+
+from .._atomic import TEMP_SUFFIX, atomic_write
 
 #: Bumped when the file layout changes; a file with a newer schema is refused, not misread.
 SCHEMA_VERSION = 1
 SUFFIX = ".safetensors"
 MARKER = "pytest-precision-goldens.json"
-_TEMP_SUFFIX = ".tmp"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=+,@()\[\]-]")
 _MAX_PART = 100
@@ -72,23 +70,6 @@ def golden_scope(relative: PurePosixPath) -> PurePosixPath:
     return PurePosixPath(*(_safe_part(p) for p in parts))
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file in the same folder, fsync it, then ``os.replace`` it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TEMP_SUFFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-
-
 def mark_golden_dir(directory: Path) -> None:
     """Create the marker that tells a golden directory from a dump."""
     marker = directory / MARKER
@@ -120,4 +101,4 @@ def list_goldens(directory: Path) -> list[PurePosixPath]:
 
 def list_stale_temps(directory: Path) -> list[Path]:
     """Temp files left by writers that were killed before their ``os.replace``."""
-    return sorted(directory.rglob(f".*{SUFFIX}.*{_TEMP_SUFFIX}"))
+    return sorted(directory.rglob(f".*{SUFFIX}.*{TEMP_SUFFIX}"))

@@ -11,7 +11,7 @@ import torch
 
 from ._chunks import CHUNK_NUMEL, chunk_of, flatten_detached, ravel_index, unravel_index
 from ._dtypes import lower_precision
-from ._measure import ElementRule, _ChunkPass
+from ._measure import ChunkPass, ElementRule
 
 #: Upper edges of the relative-error histogram buckets (by decade); a last bucket holds the rest.
 HISTOGRAM_EDGES: tuple[float, ...] = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -66,7 +66,7 @@ def error_details(
     device = actual.device
     if chunk_numel is None:
         chunk_numel = CHUNK_NUMEL if device.type == "cpu" else 1 << 22
-    work = _ChunkPass(dtype, device, min(chunk_numel, max(actual.numel(), 1)))
+    work = ChunkPass(dtype, device, min(chunk_numel, max(actual.numel(), 1)))
     edges = torch.tensor(HISTOGRAM_EDGES, dtype=torch.float64, device=device)
     histogram = torch.zeros(len(HISTOGRAM_EDGES) + 1, dtype=torch.int64, device=device)
     first: list[int] = []

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .._atomic import atomic_write
 from .._errors import PrecisionError, PrecisionInputError
 from ..golden._active import STATUSES, UPDATED, activate, deactivate
 from ..golden._layout import (
     MARKER,
     SCHEMA_VERSION,
     SUFFIX,
-    atomic_write,
     golden_relpath,
     golden_scope,
     is_golden_dir,

@@ -11,12 +11,12 @@ import os
 import re
 from pathlib import Path
 
+from .._atomic import atomic_write
 from .._errors import PrecisionError
 from .._version import __version__
 from ..dump._extract import write_calls
 from ..dump._load import as_dump
 from ..dump._records import Dump
-from ..golden._layout import atomic_write
 from ..rerun._ops import resolve_op
 from ..rerun._recompute import find_call
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..golden._layout import atomic_write
+from .._atomic import atomic_write
 from ..numerics._comparison import TensorComparison
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from pytest_precision.dump import _capture
 from pytest_precision.dump._native import read_native_dump
 
 CONFIG = TinyLlamaConfig(num_layers=2)
-ROOT = Path(__file__).resolve().parents[1]  # for subprocesses importing examples/
+ROOT = Path(__file__).resolve().parents[2]  # for subprocesses importing examples/
 LEVELS = ("module", "op", "mix")
 MODES = ("tensor", "statistics")
 

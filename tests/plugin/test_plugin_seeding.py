@@ -9,7 +9,7 @@ import pytest
 
 from pytest_precision.runtime._seeds import derive_seed
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]  # tests/: _state.py
 
 #: In-process runs drop and re-import every plugin module they loaded; hypothesis's takes ~2 s.
 INNER = ("-p", "no:hypothesispytest", "-p", "no:cacheprovider")

@@ -24,7 +24,7 @@ def test_torch_still_works_afterwards():
 def test_modules_imported_during_an_in_process_run_stay_imported(
     pytester: pytest.Pytester,
 ) -> None:
-    pytester.makeconftest(Path(__file__).with_name("conftest.py").read_text())
+    pytester.makeconftest(Path(__file__).resolve().parents[1].joinpath("conftest.py").read_text())
     pytester.makepyfile(test_inner=INNER_TESTS)
     result = pytester.runpytest_subprocess("-p", "pytester", "-p", "no:xdist")
     result.assert_outcomes(passed=2)

@@ -36,7 +36,7 @@ from pytest_precision import (
 from pytest_precision.cli import main
 from pytest_precision.compare._results import layer_of
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = TinyLlamaConfig()
 IDS = example_input_ids(CONFIG, seq=8)
 MODES = ["tensor", "statistics"]

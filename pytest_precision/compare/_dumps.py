@@ -1,7 +1,7 @@
 """``compare_dumps``: align two dumps, compare every matched call, judge the first divergence.
 
-The calls are aligned in :mod:`._alignment`; records are compared and guilt judged in
-:mod:`._judge`. The rules and their causes: ``docs/compare.md``.
+The calls are aligned in :mod:`._alignment`; records are compared in :mod:`._records` and
+guilt judged in :mod:`._guilt`. The rules and their causes: ``docs/compare.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from ..dump._records import Call, Dump
 from ..numerics._comparison import resolve_standard
 from ..numerics._standards import Reference, Standard, StandardName
 from ._alignment import align
-from ._judge import RunPrecision, _Judge
+from ._guilt import GuiltJudge
+from ._precision import RunPrecision
+from ._provenance import Provenance
+from ._records import RecordComparer
 from ._results import DumpComparison, UnmatchedCall
 
 
@@ -53,32 +56,34 @@ def compare_dumps(
         with_dtypes=by_name.golden is not None and not by_name.crosses,
     )
     matched = [(g, t) for walk, _ in segments.values() for g, t in walk if g is not None]
-    judge = _Judge(
+    target_calls = [t for _, t in matched]
+    provenance = Provenance(target_calls)
+    records = RecordComparer(
         standard,
         RunPrecision.learn(matched),
-        [t for _, t in matched],
-        golden_dump,
+        provenance,
         # float64 statistics of the same weights agree to the last bits; msprobe's are
         # computed in the tensor's dtype, so only two native dumps can hold weights to that
         exact_weight_stats=golden_dump.format == target_dump.format == "native",
     )
+    judge = GuiltJudge(records, provenance, target_calls, golden_dump)
     result = DumpComparison(golden_dump, target_dump, [], None)
     total = sum(len(walk) for walk, _ in segments.values())
     done = 0
     for (step, rank), (walk, golden_only) in segments.items():
         result.unmatched.extend(_unmatched("golden", golden_only))
-        judge.remember_golden_only(golden_only)
+        provenance.remember_golden_only(golden_only)
         if not any(g is not None for g, _ in walk):
             side = "target" if walk else "golden"
             result.one_sided.append((side, step, rank, len(walk) or len(golden_only)))
         for g, t in walk:
             if g is None:
                 result.unmatched.extend(_unmatched("target", [t]))
-                judge.remember_unmatched(t)
+                provenance.remember_unmatched(t)
                 judge.track(t)
             else:
                 result.matched_calls += 1
-                compared = judge.compare_call(g, t)
+                compared = records.compare_call(g, t)
                 result.records.extend(compared)
                 judge.judge_call(g, t, compared)
             done += 1

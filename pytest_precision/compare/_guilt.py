@@ -1,0 +1,275 @@
+"""Dump against dump: compare every record of aligned calls, find where the error started.
+
+The calls are aligned in :mod:`._alignment`. The target is then walked in the order calls
+finished (an op before the module around it, a layer's modules before the layer, step after
+step), every record judged against its golden, and every call judged for guilt, not for
+difference: its inputs match but its output does not; an input from nowhere differs (a weight, a
+constant); an input comes from another call or from code only one run has; or a float64 rerun
+from its own recorded inputs shows that it computes wrong. A call whose output differs only
+because its inputs did is innocent: that is accumulated rounding (noise), as in a bf16 run
+compared with an fp32 one. The rules and their causes: ``docs/compare.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ..dump._records import Call, Dump, Record
+from ..numerics._dtypes import dtype_from_name
+from ._alignment import completion_order
+from ._outputs import OutputJudge, divergence
+from ._provenance import Provenance, join
+from ._records import RecordComparer, is_input
+from ._results import Divergence, RecordComparison
+
+
+class GuiltJudge:
+    """Walks the aligned calls in completion order and decides guilt, tracing a drifting
+    input to where it came from. The first strong culprit ends the search; a weak one
+    (amplification) is reported only if no strong one follows."""
+
+    def __init__(
+        self,
+        records: RecordComparer,
+        provenance: Provenance,
+        target_calls: Sequence[Call],
+        golden: Dump,
+    ) -> None:
+        #: compares what leaves a suspected module, and knows the steps that failed
+        self.records = records
+        self.provenance = provenance
+        self.outputs = OutputJudge(records.precision, provenance)
+        self.first_step = min((c.step for c in target_calls), default=0)
+        #: inputs that came out of code only one run has, by (rank, step, module path): judged
+        #: by what leaves that module
+        self.pending: dict[tuple[int, int, str], _Suspicion] = {}
+        self.strong: Divergence | None = None
+        self.weak: Divergence | None = None
+        self.inputs_diverged: Divergence | None = None
+        #: the golden's calls by (step, rank), each in completion order
+        by_step_rank: dict[tuple[int, int], list[Call]] = {}
+        for call in golden.calls:
+            by_step_rank.setdefault((call.step, call.rank), []).append(call)
+        self.golden_calls = {key: completion_order(c) for key, c in by_step_rank.items()}
+
+    @property
+    def unverified(self) -> list[str]:
+        """Calls whose failing outputs could not be checked (no rerun, no amplification)."""
+        return self.outputs.unverified
+
+    def first_divergence(self) -> Divergence | None:
+        """The strong culprit, else the first weak one (amplification, or code only the target
+        runs whose module output could not be judged)."""
+        for key in list(self.pending):
+            self._settle(key, None)
+        return self.strong or self.weak
+
+    def judge_call(self, golden: Call, target: Call, compared: list[RecordComparison]) -> None:
+        """Judge one aligned call (until a strong culprit is found), then remember what it
+        produced."""
+        for key in list(self.pending):
+            if key[:2] != (target.rank, target.step) or not _within(target.module, key[2]):
+                self._settle(key, None)  # the walk left the module: its last outputs decide
+        if self.strong is None and self.inputs_diverged is None:
+            self._found(self._verdict(golden, target, compared))
+        self.track(target)
+        self.provenance.remember(golden, target, compared)
+
+    def track(self, target: Call) -> None:
+        """The last target call inside each suspected module, matched or not."""
+        for key, suspicion in self.pending.items():
+            if key[:2] == (target.rank, target.step) and _within(target.module, key[2]):
+                suspicion.last = target
+
+    def _found(self, found: Divergence | None) -> None:
+        if found is not None and found.cause in _WEAK:
+            self.weak = self.weak or found
+        elif found is not None and self.strong is None:
+            self.strong = found
+
+    def _settle(self, key: tuple[int, int, str], outputs: list[RecordComparison] | None) -> None:
+        """Judge a suspicion of code only one run has by what left its module: the module's
+        own outputs, or (without module records) the outputs of the last call inside it."""
+        suspicion = self.pending.pop(key)
+        leaving = self._last_outputs(key, suspicion.last) if outputs is None else outputs
+        differing = [r for r in leaving if self.outputs.code_difference(r)]
+        if differing:
+            worst = max(differing, key=lambda r: r.error_level)
+            reason = (
+                f"{suspicion.divergence.reason}; what leaves {key[2] or 'the model'} "
+                f"({worst.name} {worst.slot}) differs by more than reordered rounding "
+                f"(error level {worst.error_level:.3g})"
+            )
+            self._found(replace(suspicion.divergence, reason=reason))
+
+    def _last_outputs(
+        self, key: tuple[int, int, str], target: Call | None
+    ) -> list[RecordComparison]:
+        """Without module records, what leaves a module is its last call's output: each run's
+        own last call there (rewritten code pairs its calls differently, or not at all)."""
+        rank, step, path = key
+        inside = [c for c in self.golden_calls.get((step, rank), []) if _within(c.module, path)]
+        if target is None or not inside:
+            return []
+        golden = inside[-1]
+        golden_slots = {r.slot: r for r in golden.outputs}
+        return [
+            self.records.compare_record(golden, target, golden_slots[t.slot], t)
+            for t in target.outputs
+            if t.slot in golden_slots
+        ]
+
+    def _verdict(
+        self, golden: Call, target: Call, compared: list[RecordComparison]
+    ) -> Divergence | None:
+        for r in compared:
+            if r.slot.startswith("parameters"):
+                if r.failed:
+                    return divergence(target, golden, "source", self._source_reason(r, None), r)
+                self.provenance.remember_parameter(target.rank, r)
+        inputs = [r for r in compared if is_input(r.slot)]
+        found = self._judge_inputs(golden, target, inputs)
+        if found is not None or self.inputs_diverged is not None:
+            return found
+        outputs = [r for r in compared if r.slot.startswith("output")]
+        failing = [r for r in outputs if r.failed]
+        key = (target.rank, target.step, target.module or "")
+        if target.kind == "Module" and key in self.pending:
+            self._settle(key, outputs)
+            if self.strong is not None:
+                return None
+        if not failing:
+            self.provenance.note_noise(target, inputs, compared)
+            return None
+        if target.kind == "Module" and self.provenance.op_level:
+            return None  # the ops inside it were judged one by one
+        return self.outputs.judge(golden, target, inputs, failing)
+
+    def _judge_inputs(
+        self, golden: Call, target: Call, inputs: list[RecordComparison]
+    ) -> Divergence | None:
+        """An input that differs: from nowhere (a source), from code only the target runs
+        (judged at its module's output), or from another call than in the golden (wiring)."""
+        records = {r.slot: r for r in target.records}
+        golden_records = {r.slot: r for r in golden.records}
+        for r in inputs:
+            record = records.get(r.slot)
+            if not r.failed or record is None:
+                continue
+            producers = self.provenance.producers(target.rank, record)
+            expected = self.provenance.golden_producers(golden.rank, golden_records.get(r.slot))
+            stranger = (
+                self.provenance.unmatched_producer(target.rank, record) if not producers else None
+            )
+            lost = self.provenance.lost_producers(expected)
+            if stranger is not None or lost:
+                if self.outputs.beyond_rounding(golden, target, r):
+                    self._suspect_code(golden, target, r, stranger, lost[0] if lost else None)
+                continue
+            if not producers and self._is_source(record):
+                if self._is_new_prompt(target, record):
+                    reason = (
+                        f"from step {target.step} on the model's inputs differ ({r.slot} of "
+                        f"{target.name}): earlier steps differed only by noise, and generation "
+                        "took another token"
+                    )
+                    self.inputs_diverged = divergence(target, golden, "source", reason, r)
+                    return None
+                return divergence(target, golden, "source", self._source_reason(r, record), r)
+            if (
+                producers
+                and expected
+                and not {(p.golden_name, p.slot) for p in producers} & expected
+                and self.outputs.beyond_rounding(golden, target, r)
+            ):
+                reason = self._wiring_reason(r, producers, expected)
+                return divergence(target, golden, "wiring", reason, r)
+        return None
+
+    def _wiring_reason(
+        self,
+        r: RecordComparison,
+        producers: list[RecordComparison],
+        expected: set[tuple[str, str]],
+    ) -> str:
+        producer, (name, slot) = producers[-1], min(expected)
+        return (
+            f"{r.slot} is {producer.name}'s {producer.slot}, but in the golden it is "
+            f"{name}'s {slot}: the call received a different tensor"
+        )
+
+    def _suspect_code(
+        self,
+        golden: Call,
+        target: Call,
+        r: RecordComparison,
+        stranger: str | None,
+        lost: tuple[str, str] | None,
+    ) -> None:
+        """An input beyond rounding that comes out of code the two runs do not share: a bug,
+        or an equivalent rewrite (a fused kernel) whose rounding the next calls amplified.
+        The module around it decides: its output differs beyond rounding, or it does not."""
+        if stranger is not None:
+            where = f"comes from {stranger}, a call the golden does not make"
+        else:
+            assert lost is not None
+            module = self.provenance.golden_only.get(lost[0])
+            inside = f" (in {module})" if module else ""
+            where = (
+                f"is, in the golden, {lost[0]}'s {lost[1]}{inside}, a call the target does not make"
+            )
+        reason = f"{r.slot} {where}, and differs beyond rounding from the golden's ({r.reason})"
+        module = target.module or ""
+        if target.kind == "Module":
+            module = module.rpartition(".")[0]
+        self.pending.setdefault(
+            (target.rank, target.step, module),
+            _Suspicion(divergence(target, golden, "unmatched", reason, r)),
+        )
+
+    def _is_source(self, record: Record) -> bool:
+        """An input that no recorded call produced. In a module-level dump, glue code between
+        modules (a residual add) is not recorded, so only non-tensor values count there."""
+        return not record.is_tensor or self.provenance.op_level
+
+    def _is_new_prompt(self, target: Call, record: Record) -> bool:
+        """Token ids from nowhere at a later step, after steps that differed: the generation
+        loop (outside the captured forward) picked another token."""
+        return (
+            record.is_tensor
+            and not dtype_from_name(record.dtype).is_floating_point
+            and target.step > self.first_step
+            and any(step < target.step for step in self.records.failing_steps)
+        )
+
+    def _source_reason(self, r: RecordComparison, record: Record | None) -> str:
+        if record is None:  # a module's own parameter
+            what = f"parameter {join(r.module, r.slot.removeprefix('parameters.'))}"
+        elif not record.is_tensor:
+            what = f"argument {r.slot}"
+        else:
+            owner = self.provenance.parameter_name(record.rank, record)
+            what = f"{r.slot} (parameter {owner})" if owner else f"input {r.slot}"
+        return (
+            f"{what} differs from the golden and no recorded call produced it "
+            f"(a weight, buffer, constant or model input, or the output of a call the capture "
+            f"left out): {r.reason}"
+        )
+
+
+@dataclass
+class _Suspicion:
+    """An input out of code only one run has, waiting for what leaves its module."""
+
+    divergence: Divergence
+    #: the last target call inside the module so far
+    last: Call | None = None
+
+
+def _within(module: str | None, path: str) -> bool:
+    return module is not None and (not path or module == path or module.startswith(path + "."))
+
+
+#: Causes that are reported only when no other call is guilty.
+_WEAK = frozenset({"amplification"})

@@ -1,0 +1,190 @@
+"""Is a call whose output fails guilty, or did it only pass on the error it received?
+
+A float64 rerun from the target's own recorded inputs tells. Without one, an output beyond
+rounding convicts a call whose inputs match exactly, and drifting inputs convict (weakly) a
+call that amplified their error. A module is held to reordered rounding instead: it holds many
+roundings, and an equivalent rewrite (a fused kernel) changes them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..dump._records import Call
+from ..numerics._comparison import TensorComparison, judge_rounding
+from ..numerics._dtypes import dtype_from_name, dtype_name
+from ..rerun._ops import NotReplayable
+from ..rerun._recompute import Rerun
+from ._precision import RunPrecision
+from ._provenance import Provenance
+from ._results import Cause, Divergence, RecordComparison, StatsComparison, layer_of
+
+#: A drifting call that cannot be rerun is suspected only when its output's error level exceeds
+#: this many times its inputs'. Rounding noise amplifies less: bf16 and fp16 runs of the tiny
+#: Llama against fp32 (2 and 4 layers, 8 and 32 tokens, tensor and statistics dumps) reached 12x.
+AMPLIFICATION = 100.0
+
+
+#: How far (relative RMS error) what leaves a module may differ when the same computation is
+#: written another way (a fused kernel, another op order). Measured on the tiny Llama: bf16
+#: rewrites 0.003 - 0.009, fp32 rewrites below 1e-6; a RoPE bug 0.3, a lost residual more.
+REORDERED_ROUNDING = {
+    torch.bfloat16: 0.05,
+    torch.float16: 0.01,
+    torch.float32: 1e-4,
+    torch.float64: 1e-9,
+}
+
+
+class OutputJudge:
+    """The rerun, rounding and amplification rules: whether what a call produced differs by
+    more than rounding. Notes the calls it could not check (``unverified``)."""
+
+    def __init__(self, precision: RunPrecision, provenance: Provenance) -> None:
+        self.precision = precision
+        self.provenance = provenance
+        self.unverified: list[str] = []
+
+    def judge(
+        self,
+        golden: Call,
+        target: Call,
+        inputs: list[RecordComparison],
+        failing: list[RecordComparison],
+    ) -> Divergence | None:
+        """An output fails: guilty if the call added error of its own. A rerun in float64 from
+        the target's own recorded inputs tells; without one, exactly matching inputs convict
+        an output beyond rounding, and drifting inputs convict (weakly) only if the call
+        amplified their error."""
+        worst = max(failing, key=lambda r: r.error_level)
+        before = self.provenance.input_level(target, inputs)
+        try:
+            rerun = Rerun(target) if target.kind != "Module" else None
+        except NotReplayable as exc:
+            rerun, why_not = None, str(exc)
+        else:
+            why_not = "a module is not rerun"
+        if rerun is not None:
+            found, cleared = self._judge_rerun(golden, target, failing, rerun)
+            if found is None and cleared and before == 0.0:
+                self.provenance.note_noise(target, inputs, failing)
+            elif found is None and not cleared:
+                self.unverified.append(target.name)
+            return found
+        if before == 0.0:
+            # a module holds many roundings: one rounding's envelope would convict a fused
+            # kernel inside it, so a module must differ by more than reordered rounding
+            beyond = [
+                r
+                for r in failing
+                if (
+                    self.code_difference(r)
+                    if target.kind == "Module"
+                    else self.beyond_rounding(golden, target, r)
+                )
+            ]
+            if beyond:
+                worst = max(beyond, key=lambda r: r.error_level)
+                reason = (
+                    f"its inputs match the golden exactly, {worst.slot} does not: {worst.reason}"
+                )
+                return divergence(target, golden, "output", reason, worst)
+            self.provenance.note_noise(target, inputs, failing)
+            return None
+        after = worst.error_level
+        if after > AMPLIFICATION * before:
+            reason = (
+                f"its inputs differ slightly (error level {before:.3g}), {worst.slot} much more "
+                f"({after:.3g}); it cannot be rerun to check ({why_not}): {worst.reason}"
+            )
+            return divergence(target, golden, "amplification", reason, worst)
+        self.unverified.append(target.name)
+        return None
+
+    def _judge_rerun(
+        self,
+        golden: Call,
+        target: Call,
+        failing: list[RecordComparison],
+        rerun: Rerun,
+    ) -> tuple[Divergence | None, bool]:
+        """The culprit if a failing output lands outside its dtype's rounding envelope of the
+        rerun; and whether every failing output could be checked at all. An overflow of the
+        output's dtype convicts too: it is where the model leaves the dtype's range."""
+        try:
+            records = {r.slot: r for r in target.outputs}
+            checked = True
+            for r in failing:
+                record = records.get(r.slot)
+                recorded = None if record is None else record.load()
+                own = None if recorded is None else rerun.judge(r.slot, recorded)
+                if own is None:
+                    checked = False
+                    continue
+                if own.verdict == "fail":
+                    reason = (
+                        f"{r.slot} differs from a rerun of the call from its own recorded "
+                        f"inputs beyond {dtype_name(own.dtype)} rounding: {own.reason}"
+                    )
+                    return divergence(target, golden, "rerun", reason, r), checked
+        except NotReplayable:  # the rerun at the recorded dtypes an index needs
+            return None, False
+        return None, checked
+
+    def beyond_rounding(self, golden: Call, target: Call, r: RecordComparison) -> bool:
+        """A failing record whose difference is more than rounding: outside the rounding
+        envelope of the golden value (a statistics record has nothing finer than failing)."""
+        if not r.failed:
+            return False
+        if not isinstance(r.metrics, TensorComparison) or self._slipped(r):
+            return True
+        g = next((x for x in golden.records if x.slot == r.slot), None)
+        t = next((x for x in target.records if x.slot == r.slot), None)
+        g_tensor = None if g is None else g.load()
+        t_tensor = None if t is None else t.load()
+        if g_tensor is None or t_tensor is None or not t_tensor.is_floating_point():
+            return True
+        return judge_rounding(t_tensor, g_tensor.double(), r.metrics.dtype).verdict == "fail"
+
+    def code_difference(self, r: RecordComparison) -> bool:
+        """A failing output that differs by more than reordered rounding: a relative RMS error
+        above a tenth of the dtype's gross-error limit (bf16 0.05, fp16 0.01, fp32 0.001).
+        Equivalent rewrites (a fused kernel, another op order) stay far below it."""
+        if not r.failed:
+            return False
+        if not isinstance(r.metrics, (TensorComparison, StatsComparison)):
+            return True
+        golden = dtype_from_name(r.golden_dtype or r.target_dtype)
+        target = dtype_from_name(r.target_dtype or r.golden_dtype)
+        dtype = self.precision.judging_dtype(golden, target)
+        level = (
+            r.metrics.largest_difference
+            if isinstance(r.metrics, StatsComparison)
+            else r.error_level
+        )
+        return level > REORDERED_ROUNDING.get(dtype, REORDERED_ROUNDING[torch.float32])
+
+    def _slipped(self, r: RecordComparison) -> bool:
+        """A floating dtype the run's precision does not explain (bf16 in an fp32 run)."""
+        if r.golden_dtype is None or r.target_dtype is None:
+            return False
+        golden, target = dtype_from_name(r.golden_dtype), dtype_from_name(r.target_dtype)
+        floating = golden.is_floating_point and target.is_floating_point
+        return floating and not self.precision.expects(golden, target)
+
+
+def divergence(
+    target: Call, golden: Call, cause: Cause, reason: str, record: RecordComparison
+) -> Divergence:
+    """The target's call as the culprit, for ``cause``."""
+    return Divergence(
+        name=target.name,
+        golden_name=golden.name,
+        module=target.module,
+        layer=layer_of(target.module),
+        rank=target.rank,
+        step=target.step,
+        cause=cause,
+        reason=reason,
+        record=record,
+    )

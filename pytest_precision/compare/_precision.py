@@ -1,0 +1,62 @@
+"""``RunPrecision``: how the target's floating dtypes relate to the golden's.
+
+A bf16 port of an fp32 reference changes every dtype on purpose; the judge must neither fail
+that change nor judge bf16 data by fp32's standard.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from ..dump._records import Call
+from ..numerics._dtypes import dtype_from_name, lower_precision
+
+
+@dataclass(frozen=True)
+class RunPrecision:
+    """How the target's floating dtypes relate to the golden's, learned from the weights (or,
+    without module records, from all tensors): ``float32 -> bfloat16`` for a bf16 port of an
+    fp32 reference, ``float32 -> float32`` for the same dtype on two devices."""
+
+    golden: torch.dtype | None = None
+    target: torch.dtype | None = None
+
+    @classmethod
+    def learn(cls, pairs: Iterable[tuple[Call, Call]]) -> RunPrecision:
+        weights: Counter[tuple[torch.dtype, torch.dtype]] = Counter()
+        tensors: Counter[tuple[torch.dtype, torch.dtype]] = Counter()
+        for golden, target in pairs:
+            golden_slots = {r.slot: r for r in golden.records}
+            for t in target.records:
+                g = golden_slots.get(t.slot)
+                if g is None or not (g.is_tensor and t.is_tensor):
+                    continue
+                pair = dtype_from_name(g.dtype), dtype_from_name(t.dtype)
+                if pair[0].is_floating_point and pair[1].is_floating_point:
+                    (weights if t.slot.startswith("parameters") else tensors)[pair] += 1
+        counts = weights or tensors
+        if not counts:
+            return cls()
+        (golden_dtype, target_dtype), _ = counts.most_common(1)[0]
+        return cls(golden_dtype, target_dtype)
+
+    @property
+    def crosses(self) -> bool:
+        """The target runs in another precision than the golden."""
+        return self.golden != self.target
+
+    def judging_dtype(self, golden: torch.dtype, target: torch.dtype) -> torch.dtype:
+        """The dtype whose standard judges a pair: the lower precision of the two, and never
+        more than the run's (bf16 data that a bf16 run upcast to fp32 is still bf16 data)."""
+        dtype = lower_precision(golden, target)
+        if self.crosses and self.golden and self.target and dtype.is_floating_point:
+            dtype = lower_precision(dtype, lower_precision(self.golden, self.target))
+        return dtype
+
+    def expects(self, golden: torch.dtype, target: torch.dtype) -> bool:
+        """A floating dtype pair the run explains: equal, or the run's own change."""
+        return golden == target or (golden, target) == (self.golden, self.target)

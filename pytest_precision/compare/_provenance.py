@@ -1,0 +1,174 @@
+"""What the calls judged so far produced, by content: where an input of a later call came from.
+
+A tensor is known by its fingerprint (its checksum, else its exact statistics) within one rank
+of one dump, so an input can be traced to the call that produced it, to a call only one run
+makes, or to nowhere (a weight, a constant). The error levels remembered here tell a call's
+own error from the error it received.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+from ..dump._records import Call, Record
+from ..numerics._stats import TensorStats
+from ._results import RecordComparison
+
+#: Content identity within one rank of one dump.
+_Key = tuple[int, tuple[object, ...] | None]
+
+
+class Provenance:
+    """Outputs of the calls judged so far, by (rank, content): the target's with how they
+    compared, the golden's by (call name, slot). Several calls may produce the same content
+    (``x.to(x.dtype)`` returns ``x``). One walks the whole comparison: a KV cache made at one
+    step is read at the next."""
+
+    def __init__(self, target_calls: Sequence[Call]) -> None:
+        #: ops are recorded, not only modules: a module's output is then its last op's
+        self.op_level = any(c.kind != "Module" for c in target_calls)
+        self.produced: dict[_Key, list[RecordComparison]] = {}
+        self.golden_produced: dict[_Key, set[tuple[str, str]]] = {}
+        #: calls only the golden makes: name -> module path
+        self.golden_only: dict[str, str | None] = {}
+        self.unmatched_outputs: dict[_Key, str] = {}
+        #: the module parameters of the target by content, to name the weight an op received
+        self.parameters = {
+            (c.rank, fingerprint): join(c.module, r.slot.removeprefix("parameters."))
+            for c in target_calls
+            for r in c.parameters
+            if (fingerprint := fingerprint_of(r)) is not None
+        }
+        #: (rank, module path) -> the largest error level of parameters inside it
+        self.parameter_levels: dict[tuple[int, str], float] = {}
+        #: (rank, module path) -> the largest error level that calls inside it produced from
+        #: inputs matching exactly and were cleared: rounding born there (another kernel)
+        self.noise_origins: dict[tuple[int, str], float] = {}
+
+    # -- remembering -----------------------------------------------------------------------------
+
+    def remember_golden_only(self, calls: Iterable[Call]) -> None:
+        """Calls only the golden makes: a target input whose golden counterpart came from one
+        of them was wired differently (an op or residual the target lost)."""
+        for call in calls:
+            self.golden_only[call.name] = call.module
+            self._remember_golden(call)
+
+    def remember_unmatched(self, target: Call) -> None:
+        """A call only the target makes: what it produces has no golden counterpart."""
+        for record in target.outputs:
+            fingerprint = fingerprint_of(record)
+            if fingerprint is not None:
+                self.unmatched_outputs.setdefault((target.rank, fingerprint), target.name)
+
+    def remember(self, golden: Call, target: Call, compared: list[RecordComparison]) -> None:
+        """What an aligned pair produced, with how the target's outputs compared."""
+        if target.kind == "Module" and self.op_level:
+            return  # a module's output is its last op's: the op is the producer
+        by_slot = {r.slot: r for r in compared}
+        for record in target.outputs:
+            fingerprint = fingerprint_of(record)
+            if fingerprint is not None and record.slot in by_slot:
+                key = (target.rank, fingerprint)
+                self.produced.setdefault(key, []).append(by_slot[record.slot])
+        self._remember_golden(golden)
+
+    def _remember_golden(self, golden: Call) -> None:
+        if golden.kind == "Module" and self.op_level:
+            return
+        for record in golden.outputs:
+            fingerprint = fingerprint_of(record)
+            if fingerprint is not None:
+                key = (golden.rank, fingerprint)
+                self.golden_produced.setdefault(key, set()).add((golden.name, record.slot))
+
+    def remember_parameter(self, rank: int, r: RecordComparison) -> None:
+        """A module's parameter that passed: its error level counts as its module's input."""
+        key = (rank, r.module or "")
+        self.parameter_levels[key] = max(self.parameter_levels.get(key, 0.0), r.error_level)
+
+    # -- tracing ---------------------------------------------------------------------------------
+
+    def producers(self, rank: int, record: Record) -> list[RecordComparison]:
+        """The target's outputs, as compared, that hold this content."""
+        return self.produced.get((rank, fingerprint_of(record)), [])
+
+    def golden_producers(self, rank: int, record: Record | None) -> set[tuple[str, str]] | None:
+        """The golden's (call name, slot) pairs that produced this content."""
+        return self.golden_produced.get((rank, fingerprint_of(record)))
+
+    def unmatched_producer(self, rank: int, record: Record) -> str | None:
+        """The call only the target makes that produced this content."""
+        return self.unmatched_outputs.get((rank, fingerprint_of(record)))
+
+    def lost_producers(self, expected: set[tuple[str, str]] | None) -> list[tuple[str, str]]:
+        """The golden producers of an input, sorted, when every one is a call only the golden
+        makes (a call the target lost); else none."""
+        if not expected:
+            return []
+        golden_only = {(name, slot) for name, slot in expected if name in self.golden_only}
+        return sorted(expected) if expected <= golden_only else []
+
+    def parameter_name(self, rank: int, record: Record) -> str | None:
+        """The target's module parameter with this content (an op's weight input)."""
+        return self.parameters.get((rank, fingerprint_of(record)))
+
+    # -- error levels ----------------------------------------------------------------------------
+
+    def input_level(self, target: Call, inputs: list[RecordComparison]) -> float:
+        """How far a call's inputs are from the golden's: for a module, the weights inside it
+        and the rounding its children introduced count too."""
+        level = max((r.error_level for r in inputs), default=0.0)
+        if target.kind == "Module":
+            inside = _inside_paths(target.rank, target.module or "")
+            for levels in (self.parameter_levels, self.noise_origins):
+                level = max(level, max((v for k, v in levels.items() if inside(k)), default=0.0))
+        return level
+
+    def note_noise(
+        self, target: Call, inputs: list[RecordComparison], compared: list[RecordComparison]
+    ) -> None:
+        """A call with exactly matching inputs whose outputs differ anyway (within the
+        standard, or cleared): another kernel's rounding, born here."""
+        outputs = [r.error_level for r in compared if r.slot.startswith("output")]
+        level = max(outputs, default=0.0)
+        if level == 0.0 or not math.isfinite(level) or self.input_level(target, inputs) > 0.0:
+            return
+        path = target.module or ""
+        while True:
+            key = (target.rank, path)
+            self.noise_origins[key] = max(self.noise_origins.get(key, 0.0), level)
+            if not path:
+                return
+            path = path.rpartition(".")[0]
+
+
+def fingerprint_of(record: Record | None) -> tuple[object, ...] | None:
+    """Content identity within one dump: checksum where recorded, else exact statistics."""
+    if record is None or not record.is_tensor:
+        return None
+    if record.checksum is not None:
+        return (record.dtype, record.shape, record.checksum)
+    if record.stats is not None:
+        return (record.dtype, record.shape, *_stats_key(record.stats))
+    return None
+
+
+def _stats_key(stats: TensorStats) -> tuple[object, ...]:
+    # NaN != NaN: a tensor with no finite element still fingerprints equal to itself
+    return tuple(
+        "nan" if isinstance(v, float) and math.isnan(v) else v for v in vars(stats).values()
+    )
+
+
+def _inside_paths(rank: int, module: str) -> Callable[[tuple[int, str]], bool]:
+    prefix = module + "."
+    return lambda key: (
+        key[0] == rank and (not module or key[1] == module or key[1].startswith(prefix))
+    )
+
+
+def join(module: str | None, name: str) -> str:
+    """A name inside a module: ``layers.0.mlp`` and ``weight`` make ``layers.0.mlp.weight``."""
+    return f"{module}.{name}" if module else name

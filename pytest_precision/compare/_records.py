@@ -1,0 +1,292 @@
+"""Compare the records of one aligned call pair: every slot, tensor, statistics or value.
+
+A tensor pair is judged by the standard of its judging dtype (the lower precision of the two,
+never more than the run's), a statistics-only pair by its statistics, a non-tensor argument by
+equality. A weight is data, not a computation: any element that differs fails it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from .._errors import PrecisionInputError
+from ..dump._records import Call, Record
+from ..numerics._comparison import TensorComparison, judge_pair, resolve_standard
+from ..numerics._dtypes import dtype_from_name, dtype_name
+from ..numerics._standards import Standard, StandardName
+from ..numerics._stats import TensorStats
+from ._precision import RunPrecision
+from ._provenance import Provenance
+from ._results import RecordComparison, StatsComparison, Status
+
+#: Weights of a run that keeps its dtypes: their statistics agree up to summation order.
+_SAME_SUM = 1e-12
+
+
+class RecordComparer:
+    """Compares the records of aligned calls, each pair of stored tensors once, and notes the
+    steps where a record failed (a later step's new token ids are then no source)."""
+
+    def __init__(
+        self,
+        standard: Standard | StandardName | None,
+        precision: RunPrecision,
+        provenance: Provenance,
+        *,
+        exact_weight_stats: bool,
+    ) -> None:
+        self.standard = standard
+        self.precision = precision
+        #: names the weights an op receives: a weight input is judged as a weight
+        self.provenance = provenance
+        #: weights' statistics must agree to 1e-12 (both dumps computed them in float64)
+        self.exact_weight_stats = exact_weight_stats
+        #: comparisons of stored tensor pairs, by (golden data id, target data id, dtype, exact)
+        self.judged: dict[tuple[str, str, torch.dtype, bool], TensorComparison] = {}
+        #: steps in which some record failed
+        self.failing_steps: set[int] = set()
+
+    def compare_call(self, golden: Call, target: Call) -> list[RecordComparison]:
+        """Every slot of the pair."""
+        golden_slots = {r.slot: r for r in golden.records}
+        out = []
+        for t in target.records:
+            g = golden_slots.pop(t.slot, None)
+            out.append(self.compare_record(golden, target, g, t))
+        for g in golden_slots.values():
+            out.append(_row(golden, target, g.slot, "fail", "only the golden has this slot", g))
+        outputs = [r for r in out if r.slot.startswith("output")]
+        if outputs and not any(r.failed for r in outputs):
+            identical = all(r.error_level == 0.0 for r in outputs)
+            out = [_equivalent_spelling(r, identical) for r in out]
+        if any(r.failed for r in out):
+            self.failing_steps.add(target.step)
+        return out
+
+    def compare_record(
+        self, golden: Call, target: Call, g: Record | None, t: Record
+    ) -> RecordComparison:
+        """One slot: ``g`` is the golden's record of it, if the golden has one."""
+        if g is None:
+            return _row(golden, target, t.slot, "fail", "only the target has this slot", t=t)
+        if not (g.is_tensor and t.is_tensor):
+            if g.is_tensor or t.is_tensor:
+                return _row(golden, target, t.slot, "fail", "a tensor on one side only", g, t)
+            return self._compare_values(golden, target, g, t)
+        if g.shape != t.shape:
+            return _row(golden, target, t.slot, "fail", f"shape {t.shape} vs {g.shape}", g, t)
+        g_dtype, t_dtype = dtype_from_name(g.dtype), dtype_from_name(t.dtype)
+        dtype = self.precision.judging_dtype(g_dtype, t_dtype)
+        weight = (
+            t.slot.startswith("parameters") or self.provenance.parameter_name(t.rank, t) is not None
+        )
+        if g.loader is not None and t.loader is not None:
+            try:
+                metrics = self._judge_records(g, t, dtype, weight)
+            except PrecisionInputError as exc:
+                return _row(golden, target, t.slot, "fail", str(exc), g, t)
+            row = _row(golden, target, t.slot, metrics.verdict, metrics.reason, g, t, metrics)
+        elif g.stats is not None and t.stats is not None:
+            row = self._compare_stats(golden, target, g, t, g.stats, t.stats, dtype, weight)
+        else:
+            return _row(golden, target, t.slot, "skip", "no data or statistics to compare", g, t)
+        if g_dtype.is_floating_point and not self.precision.expects(g_dtype, t_dtype):
+            reason = (
+                f"dtype {dtype_name(t_dtype)} where the golden has {dtype_name(g_dtype)} (the "
+                f"run maps {dtype_name(self.precision.golden)} to "
+                f"{dtype_name(self.precision.target)}); {row.reason}"
+            )
+            return replace(row, status="fail", reason=reason)
+        return row
+
+    def _compare_values(self, golden: Call, target: Call, g: Record, t: Record) -> RecordComparison:
+        """Non-tensor arguments must be equal. Two exceptions only warn: a device (the runs are
+        on two machines) and a floating dtype the run's own precision change explains."""
+        if _same_value(g.value, t.value):
+            return _row(golden, target, t.slot, "pass", "same value", g, t)
+        reason = f"{t.value!r} vs {g.value!r}"
+        if _is_device(g.value) and _is_device(t.value):
+            return _row(golden, target, t.slot, "warn", f"device {reason}", g, t)
+        g_dtype, t_dtype = _float_dtype(g.value), _float_dtype(t.value)
+        if g_dtype and t_dtype and self.precision.expects(g_dtype, t_dtype):
+            return _row(golden, target, t.slot, "warn", f"dtype {reason}", g, t)
+        return _row(golden, target, t.slot, "fail", reason, g, t)
+
+    def _judge_records(
+        self, g: Record, t: Record, dtype: torch.dtype, weight: bool
+    ) -> TensorComparison:
+        """Compare the stored tensors, once per pair of stored data: a weight is recorded as a
+        module's parameter and as the input of its op, an activation as a module's output and
+        as the next call's input. Weights are data, not computations: any element that differs
+        from the golden's (cast to the target's dtype) fails them."""
+        key = None
+        if g.data_id is not None and t.data_id is not None:
+            key = (g.data_id, t.data_id, dtype, weight)
+        known = self.judged.get(key) if key is not None else None
+        if known is None:
+            assert g.loader is not None
+            assert t.loader is not None
+            target_tensor, golden_tensor = t.loader(), g.loader()
+            standard = resolve_standard(self.standard, dtype)
+            known = judge_pair(target_tensor, golden_tensor, standard, dtype)
+            if weight and known.verdict != "fail":
+                differing = _differing_elements(target_tensor, golden_tensor)
+                if differing:
+                    reason = (
+                        f"{differing} of {target_tensor.numel()} weight element(s) differ from "
+                        f"the golden's cast to {dtype_name(target_tensor.dtype)}; {known.reason}"
+                    )
+                    known = replace(known, verdict="fail", reason=reason)
+            if key is not None:
+                self.judged[key] = known
+        return known
+
+    def _compare_stats(
+        self,
+        golden: Call,
+        target: Call,
+        g: Record,
+        t: Record,
+        golden_stats: TensorStats,
+        target_stats: TensorStats,
+        dtype: torch.dtype,
+        weight: bool,
+    ) -> RecordComparison:
+        """Statistics within the standard's relative tolerance: a tensor within it elementwise
+        has statistics within it too. Weights of a run that keeps its dtypes must have the
+        same statistics (to 1e-12, for sums taken in another order)."""
+        stats = _stats_difference(golden_stats, target_stats)
+        rtol, _ = resolve_standard(self.standard, dtype).tolerances(dtype)
+        if dtype.is_floating_point:
+            rtol = max(rtol, torch.finfo(dtype).eps)
+        exact = weight and not self.precision.crosses
+        if exact and g.checksum is not None and t.checksum is not None and g.checksum != t.checksum:
+            reason = f"weight content checksum {t.checksum} vs {g.checksum}"
+            return _row(golden, target, t.slot, "fail", reason, g, t, stats)
+        if exact and self.exact_weight_stats:
+            rtol = _SAME_SUM
+        if stats.non_finite_differs:
+            reason = (
+                f"NaN/Inf counts differ: {_non_finite(target_stats)} vs {_non_finite(golden_stats)}"
+            )
+            return _row(golden, target, t.slot, "fail", reason, g, t, stats)
+        worst = max(("max", "min", "mean", "norm"), key=lambda k: getattr(stats, f"{k}_diff"))
+        level = getattr(stats, f"{worst}_diff")
+        verdict: Status = "pass" if level <= rtol else "fail"
+        what = "weight statistics" if exact and self.exact_weight_stats else "statistics"
+        reason = f"{what} differ by up to {level:.3g} ({worst}; tolerance {rtol:.3g})"
+        return _row(golden, target, t.slot, verdict, reason, g, t, stats)
+
+
+def _differing_elements(target: torch.Tensor, golden: torch.Tensor) -> int:
+    """Elements of ``target`` that are not bitwise the golden's cast to the target's dtype."""
+    cast = golden.to(target.dtype)
+    if torch.equal(target, cast):
+        return 0
+    same = (target == cast) | (target.isnan() & cast.isnan())
+    return int((~same).sum())
+
+
+def _equivalent_spelling(r: RecordComparison, identical: bool) -> RecordComparison:
+    """A non-tensor argument of a call whose outputs match: one side spelling out a default
+    (the outputs pass), or another way to write the same call (``transpose(2, 3)`` for
+    ``(-1, -2)``: the outputs are identical; an eps of 1e-5 for 1e-6 changes them a little)."""
+    if not (r.failed and is_input(r.slot) and r.golden_dtype is None and r.target_dtype is None):
+        return r
+    one_sided = r.reason.startswith("only the")
+    if not (one_sided or identical):
+        return r
+    return replace(r, status="warn", reason=f"{r.reason} (the outputs match: the same call)")
+
+
+def is_input(slot: str) -> bool:
+    """A slot the call received: a positional or keyword argument."""
+    return slot.startswith(("input", "kwargs"))
+
+
+def _row(
+    golden: Call,
+    target: Call,
+    slot: str,
+    status: Status,
+    reason: str,
+    g: Record | None = None,
+    t: Record | None = None,
+    metrics: TensorComparison | StatsComparison | None = None,
+) -> RecordComparison:
+    return RecordComparison(
+        name=target.name,
+        golden_name=golden.name,
+        slot=slot,
+        kind=target.kind,
+        op=target.op,
+        module=target.module,
+        rank=target.rank,
+        step=target.step,
+        status=status,
+        reason=reason,
+        golden_dtype=None if g is None else g.dtype,
+        target_dtype=None if t is None else t.dtype,
+        shape=(t or g).shape if (t or g) is not None else None,  # type: ignore[union-attr]
+        metrics=metrics,
+    )
+
+
+def _stats_difference(golden: TensorStats, target: TensorStats) -> StatsComparison:
+    rms = golden.norm / math.sqrt(golden.numel) if golden.numel else 0.0
+    scale = rms if rms > 0 and math.isfinite(rms) else 1.0
+
+    def relative(a: float, b: float, denominator: float) -> float:
+        if math.isnan(a) and math.isnan(b):
+            return 0.0
+        difference = abs(a - b)
+        return difference / denominator if math.isfinite(difference) else math.inf
+
+    non_finite = (golden.nan_count, golden.posinf_count, golden.neginf_count) != (
+        target.nan_count,
+        target.posinf_count,
+        target.neginf_count,
+    )
+    return StatsComparison(
+        max_diff=relative(target.max, golden.max, _at_least(abs(golden.max), scale)),
+        min_diff=relative(target.min, golden.min, _at_least(abs(golden.min), scale)),
+        mean_diff=relative(target.mean, golden.mean, scale),
+        norm_diff=relative(target.norm, golden.norm, golden.norm if golden.norm > 0 else 1.0),
+        non_finite_differs=non_finite,
+    )
+
+
+def _at_least(value: float, floor: float) -> float:
+    return value if value > floor and math.isfinite(value) else floor
+
+
+def _non_finite(stats: TensorStats) -> str:
+    return f"{stats.nan_count} NaN, {stats.posinf_count} +Inf, {stats.neginf_count} -Inf"
+
+
+def _same_value(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _float_dtype(value: object) -> torch.dtype | None:
+    """A floating dtype as recorded (``torch.bfloat16`` natively, ``bfloat16`` elsewhere)."""
+    if not isinstance(value, str):
+        return None
+    dtype = getattr(torch, value.removeprefix("torch."), None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
+def _is_device(value: object) -> bool:
+    """A device as recorded: ``"cpu"``, ``"cuda:0"``, ``"npu:1"``."""
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        torch.device(value)
+    except (RuntimeError, ValueError):
+        return False
+    return True

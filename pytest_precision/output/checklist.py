@@ -42,7 +42,7 @@ class Change:
 
 
 @dataclass(frozen=True)
-class Diff:
+class ChecklistDiff:
     """The changes between two configs or environments, most likely culprit first."""
 
     what: str
@@ -197,7 +197,7 @@ def _diff(
     ignore: Iterable[str],
     *,
     whole: bool,
-) -> Diff:
+) -> ChecklistDiff:
     skip = set(ignore)
     changes = []
     for key in sorted(set(golden) | set(target)):
@@ -208,10 +208,10 @@ def _diff(
             rank, category = _rank(key, order, whole=whole)
             changes.append(Change(key, a, b, category, rank))
     changes.sort(key=lambda c: (c.rank, c.key))
-    return Diff(what, tuple(changes))
+    return ChecklistDiff(what, tuple(changes))
 
 
-def diff_configs(a: Any, b: Any, *, ignore: Iterable[str] = CONFIG_IGNORE) -> Diff:
+def diff_configs(a: Any, b: Any, *, ignore: Iterable[str] = CONFIG_IGNORE) -> ChecklistDiff:
     """The keys where config ``b`` (the target) differs from ``a`` (the baseline).
 
     Takes dicts, dataclasses, HF ``PretrainedConfig`` / ``GenerationConfig`` (anything with
@@ -271,7 +271,7 @@ def _cpu_flags() -> dict[str, bool]:
 
 def diff_environment(
     a: Mapping[str, Any], b: Mapping[str, Any] | None = None, *, ignore: Iterable[str] = ()
-) -> Diff:
+) -> ChecklistDiff:
     """The differences between environment ``a`` (the baseline's record) and ``b`` (default:
     this process, :func:`precision_environment`).
 
@@ -298,10 +298,10 @@ def _strings(flat: Mapping[str, Any]) -> dict[str, str | None]:
 
 class ChecklistDiffers(OutputCheckFailed):
     """:func:`assert_same_config` or :func:`assert_same_environment` failed; ``result`` is
-    the :class:`Diff`."""
+    the :class:`ChecklistDiff`."""
 
 
-def assert_same_config(a: Any, b: Any, *, ignore: Iterable[str] = CONFIG_IGNORE) -> Diff:
+def assert_same_config(a: Any, b: Any, *, ignore: Iterable[str] = CONFIG_IGNORE) -> ChecklistDiff:
     """Assert two configs are equal (see :func:`diff_configs`)."""
     __tracebackhide__ = True
     result = diff_configs(a, b, ignore=ignore)
@@ -312,7 +312,7 @@ def assert_same_config(a: Any, b: Any, *, ignore: Iterable[str] = CONFIG_IGNORE)
 
 def assert_same_environment(
     a: Mapping[str, Any], b: Mapping[str, Any] | None = None, *, ignore: Iterable[str] = ()
-) -> Diff:
+) -> ChecklistDiff:
     """Assert two environments agree (see :func:`diff_environment`)."""
     __tracebackhide__ = True
     result = diff_environment(a, b, ignore=ignore)
@@ -321,7 +321,7 @@ def assert_same_environment(
     return result
 
 
-def diff_message(result: Diff) -> str:
+def diff_message(result: ChecklistDiff) -> str:
     """The assert form's message: one line per change, most likely culprit first."""
     lines = [f"{len(result.changes)} {result.what} difference(s), most likely culprit first:"]
     lines += [

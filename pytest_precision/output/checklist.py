@@ -154,8 +154,7 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     for key, item in value.items():
         name = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(item, Mapping) or _is_config(item):
-            inner = flatten(item, name)
-            flat.update(inner if inner else {name: {}})
+            flat.update(flatten(item, name))  # an empty mapping leaves no key
         else:
             flat[name] = list(item) if isinstance(item, tuple) else item
     return flat

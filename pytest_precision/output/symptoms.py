@@ -48,6 +48,8 @@ UNK_STRINGS = ("<unk>", "[UNK]", "<|unk|>")
 MIN_SCRIPT_RUN = 6
 #: Scripts never counted as a switch: Latin appears in ordinary text of every language.
 ALWAYS_EXPECTED = frozenset({"LATIN"})
+#: Without ``expected_scripts``, the scripts of the first this many letters are expected.
+HEAD_LETTERS = 20
 _SCRIPT_ALIASES = {"CJK": "HAN", "HIRAGANA": "HAN", "KATAKANA": "HAN", "IDEOGRAPHIC": "HAN"}
 
 
@@ -72,7 +74,8 @@ def detect_garbled(
     """Find garbled text: U+FFFD replacement characters (undecodable bytes), unknown tokens,
     control characters other than tab / newline / carriage return, private-use or unassigned
     code points, and a run of at least ``min_script_run`` letters of a script the text does not
-    use (by default: its most frequent script, and Latin, are used).
+    use (by default it uses Latin, the scripts of its first 20 letters and any script holding
+    most of its letters; ``expected_scripts`` such as ``["Han"]`` overrides all but Latin).
 
     ``output`` is text, or ids; ids are decoded with ``decode`` (a tokenizer or a callable),
     and ``unk_id`` flags the unknown token by id. Locations are character offsets in the text
@@ -138,10 +141,13 @@ def _script_switches(text: str, expected: set[str] | None, min_run: int) -> list
     if not letters:
         return []
     if expected is None:
+        # The scripts the answer starts in (garbling comes after a divergence, at the tail),
+        # and any script holding most of the letters (code before a Chinese explanation).
+        expected = {s for _, s in letters[:HEAD_LETTERS]}
         counts: dict[str, int] = {}
         for _, s in letters:
             counts[s] = counts.get(s, 0) + 1
-        expected = {max(counts, key=counts.__getitem__)}
+        expected |= {s for s, n in counts.items() if n > len(letters) / 2}
     expected = {_SCRIPT_ALIASES.get(s, s) for s in expected} | ALWAYS_EXPECTED
     findings = []
     run: list[tuple[int, str]] = []
@@ -181,12 +187,13 @@ def detect_repetition(
     min_repeats: float = MIN_REPEATS,
     min_span: int | None = None,
     max_period: int = MAX_PERIOD,
+    pad_id: int | None = None,
 ) -> list[Symptom]:
     """Find a loop at the tail: the end of ``output`` repeating a unit of ``period`` tokens
     (characters, for text) at least ``min_repeats`` times over at least ``min_span`` units
     (default 12 tokens or 32 characters). A last period cut short by the length limit counts
     as a fraction. Of the loops found, the one covering the most units (then the shortest
-    period) is reported, with its start.
+    period) is reported, with its start. ``pad_id`` padding after the end of ids is ignored.
     """
     if isinstance(output, str):
         seq: Sequence[Any] = output
@@ -194,6 +201,8 @@ def detect_repetition(
         span_min = MIN_SPAN_CHARS if min_span is None else min_span
     else:
         seq = as_int_list(output, "output")
+        while pad_id is not None and seq and seq[-1] == pad_id:
+            seq = seq[:-1]
         unit = "token"
         span_min = MIN_SPAN_TOKENS if min_span is None else min_span
     n = len(seq)
@@ -274,7 +283,7 @@ def detect_symptoms(output: str | Sequence[int] | Any, **options: Any) -> list[S
     """Run :func:`detect_garbled` and :func:`detect_repetition` on one output; ``options`` go
     to whichever detector takes them."""
     garbled_keys = {"decode", "unk_id", "unk_strings", "expected_scripts", "min_script_run"}
-    repetition_keys = {"min_repeats", "min_span", "max_period"}
+    repetition_keys = {"min_repeats", "min_span", "max_period", "pad_id"}
     unknown = set(options) - garbled_keys - repetition_keys
     if unknown:
         raise PrecisionInputError(f"detect_symptoms: unknown option(s) {sorted(unknown)}")

@@ -56,7 +56,9 @@ def _span(row: Sequence[int], pad_id: int | None) -> tuple[int, int]:
     return start, end
 
 
-def _diverge(golden: list[int], target: list[int], pad_id: int | None, row: int | None):
+def _diverge(
+    golden: list[int], target: list[int], pad_id: int | None, row: int | None
+) -> TokenDivergence:
     g0, g1 = _span(golden, pad_id)
     t0, t1 = _span(target, pad_id)
     g, t = golden[g0:g1], target[t0:t1]

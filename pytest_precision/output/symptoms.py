@@ -108,7 +108,10 @@ def _character_findings(text: str, unk_strings: tuple[str, ...]) -> list[Symptom
             "control character(s)",
             lambda c: unicodedata.category(c) == "Cc" and c not in "\t\n\r",
         ),
-        ("private-use or unassigned code point(s)", lambda c: unicodedata.category(c) in "CoCn"),
+        (
+            "private-use or unassigned code point(s)",
+            lambda c: unicodedata.category(c) in ("Co", "Cn"),
+        ),
     ]
     findings = []
     for label, rule in rules:

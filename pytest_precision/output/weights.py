@@ -320,6 +320,8 @@ _PHI = 0.6180339887498949
 
 def _stats(tensor: torch.Tensor) -> dict[str, Any]:
     flat = tensor.detach().reshape(-1)
+    if flat.device.type not in ("cpu", "cuda"):  # float64 support on other devices is partial
+        flat = flat.cpu()
     n = flat.numel()
     total = square = absolute = weighted = 0.0
     low, high = float("inf"), float("-inf")

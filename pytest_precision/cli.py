@@ -15,7 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
     ``compare`` exits 1 when the dumps diverge, ``replay`` when the op itself is wrong."""
     parser = argparse.ArgumentParser(
         prog="pytest-precision",
-        description="Numerical-precision tools for LLM inference: compare, inspect, replay.",
+        description="Numerical-precision tools for LLM inference: compare, inspect, replay, "
+        "tokens, badcases.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -23,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(subparsers)
     _add_replay(subparsers)
     _add_export_test(subparsers)
+    _add_tokens(subparsers)
+    _add_badcases(subparsers)
     return parser
 
 
@@ -178,6 +181,67 @@ def _export_test(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def _add_tokens(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tokens = subparsers.add_parser(
+        "tokens",
+        help="find the first token where two generations part",
+        description="Compare the token ids of two generations row by row and print, per row, "
+        "the first position where they differ and both tokens. Files: .json holds a list of ids "
+        "(one sequence), a list of lists (a batch) or an object with 'ids'; .jsonl one row per "
+        "line (a list, or an object with 'ids', 'output_ids' or 'token_ids'); any other file "
+        "one row per line, ids separated by spaces or commas. Exit status: 0 every row equal, "
+        "1 a row differs, 2 an error.",
+    )
+    tokens.add_argument("golden", metavar="A", help="the reference generation's ids")
+    tokens.add_argument("target", metavar="B", help="the generation under test")
+    tokens.add_argument("--pad-id", type=int, metavar="N", help="padding id to ignore at row ends")
+    tokens.set_defaults(handler=_tokens)
+
+
+def _tokens(args: argparse.Namespace) -> int:
+    from .output._files import read_token_rows
+    from .output._tokens import compare_tokens
+    from .report._output import tokens_text
+
+    result = compare_tokens(
+        read_token_rows(args.golden), read_token_rows(args.target), pad_id=args.pad_id
+    )
+    print(tokens_text(result))
+    return 0 if result.passed else 1
+
+
+def _add_badcases(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    badcases = subparsers.add_parser(
+        "badcases",
+        help="rank the prompts where two evaluation runs disagree",
+        description="Match the records of two evaluation runs (.jsonl: one JSON object per "
+        "line; .json: a list of them, or an object with a 'results' list; each with 'prompt', "
+        "'answer' and/or 'ids', and optionally 'id' and 'score') and list those that disagree, "
+        "the best case to localize first. Exit status: 0 the runs agree, 1 bad cases, 2 an "
+        "error.",
+    )
+    badcases.add_argument("golden", metavar="A", help="the reference run's results")
+    badcases.add_argument("target", metavar="B", help="the run under test")
+    badcases.add_argument("--by", metavar="FIELD", help="match records by FIELD (default id)")
+    badcases.add_argument("--limit", type=int, default=20, metavar="N", help="show N (20)")
+    badcases.add_argument(
+        "--score-tol", type=float, default=0.0, metavar="X", help="ignore score changes <= X"
+    )
+    badcases.add_argument("--json", metavar="FILE", help="write every bad case as JSON")
+    badcases.set_defaults(handler=_badcases)
+
+
+def _badcases(args: argparse.Namespace) -> int:
+    from .output._badcases import pick_badcases
+    from .report._output import badcases_text, write_badcases_json
+
+    result = pick_badcases(args.golden, args.target, by=args.by, score_tol=args.score_tol)
+    print(badcases_text(result, limit=args.limit))
+    if args.json:
+        write_badcases_json(result, args.json)
+    return 0 if result.passed else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ import torch
 from .._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
 from ..numerics._assertions import Comparison, ItemComparison, compare, to_tensor
 from ..numerics._comparison import TensorComparison, _check_pair, resolve_standard
+from ..numerics._dtypes import dtype_name
 from ..numerics._nested import iter_leaf_pairs
 from ..numerics._standards import VERDICT_ORDER, Standard
 from ..runtime._devices import flat_fingerprint
@@ -416,7 +417,7 @@ def _item_summary(item: ItemComparison) -> dict[str, Any]:
 
 
 def _describe(t: torch.Tensor) -> str:
-    return f"{str(t.dtype).removeprefix('torch.')} of shape {tuple(t.shape)}"
+    return f"{dtype_name(t.dtype)} of shape {tuple(t.shape)}"
 
 
 def _device_of(value: Any) -> torch.device | None:

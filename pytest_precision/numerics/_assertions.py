@@ -18,6 +18,7 @@ import torch
 from .._errors import PrecisionInputError, PrecisionWarning
 from ._comparison import TensorComparison, compare_tensors
 from ._details import HISTOGRAM_EDGES, ErrorDetails, error_details
+from ._dtypes import dtype_name
 from ._nested import iter_leaf_pairs
 from ._standards import VERDICT_ORDER, Standard, Verdict
 
@@ -171,10 +172,6 @@ def _label(name: str | None, path: str) -> str:
     return name or path or "value"
 
 
-def _dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _num(x: float) -> str:
     return f"{x:.6g}"
 
@@ -187,9 +184,9 @@ def format_report(item: ItemComparison, *, name: str | None = None) -> str:
     """The failure (or warning) report of one compared item; at most ~25 lines."""
     c = item.comparison
     d = item.details
-    dtypes = _dtype(c.actual_dtype)
+    dtypes = dtype_name(c.actual_dtype)
     if c.expected_dtype != c.actual_dtype:
-        dtypes += f" vs {_dtype(c.expected_dtype)}, judged as {_dtype(c.dtype)}"
+        dtypes += f" vs {dtype_name(c.expected_dtype)}, judged as {dtype_name(c.dtype)}"
     lines = [
         f"{_label(name, item.path)}: {c.verdict.upper()} under the {c.standard.name} standard "
         f"(shape {tuple(c.shape)}, {dtypes})",

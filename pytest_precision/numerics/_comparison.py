@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .._errors import PrecisionInputError
-from ._dtypes import lower_precision
+from ._dtypes import dtype_name, lower_precision
 from ._measure import ErrorMetrics, NonFinite, measure
 from ._standards import (
     RATIO_TIERS,
@@ -51,7 +51,7 @@ class TensorComparison(ErrorMetrics):
         for f in fields(ErrorMetrics):
             value = getattr(self, f.name)
             if isinstance(value, torch.dtype):
-                value = str(value).removeprefix("torch.")
+                value = dtype_name(value)
             elif isinstance(value, NonFinite):
                 value = {"nan": value.nan, "posinf": value.posinf, "neginf": value.neginf}
             elif isinstance(value, tuple):

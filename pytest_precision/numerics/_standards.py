@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 import torch
 
 from .._errors import PrecisionInputError
-from ._dtypes import FLOAT_FORMATS
+from ._dtypes import FLOAT_FORMATS, dtype_name
 from ._measure import ElementRule, ErrorMetrics, Quantity
 
 Verdict = Literal["pass", "warn", "fail"]
@@ -135,7 +135,7 @@ def _table_entry(table: Mapping[torch.dtype, object], dtype: torch.dtype, standa
     try:
         return table[dtype]
     except KeyError:
-        known = ", ".join(sorted(str(d).removeprefix("torch.") for d in table))
+        known = ", ".join(sorted(dtype_name(d) for d in table))
         raise PrecisionInputError(
             f"the {standard} standard has no limits for dtype {dtype} (it knows: {known}); "
             "pass explicit tolerances or another standard"
@@ -273,7 +273,7 @@ class Ulp(Standard):
         lim = self.limit(comparison.dtype)
         over, gross = comparison.rule_counts
         share = over / max(comparison.finite_count, 1)
-        dtype = str(comparison.dtype).removeprefix("torch.")
+        dtype = dtype_name(comparison.dtype)
         if gross:
             return Judgement("fail", f"{gross} element(s) off by more than {lim.guard_ulp:g} ULP")
         if comparison.mean_ulp >= lim.max_mean_ulp:

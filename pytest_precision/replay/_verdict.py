@@ -19,11 +19,11 @@ from ..rerun._ops import NotReplayable
 from ..rerun._recompute import Rerun, find_call, lowest_float, recompute
 from ..runtime._devices import backend_of
 
-Verdict = Literal["noise", "context", "op-bug"]
+ReplayVerdict = Literal["noise", "context", "op-bug"]
 
 
 #: Worst first: a call's verdict is the worst of its output slots'.
-_SEVERITY: dict[Verdict, int] = {"noise": 0, "context": 1, "op-bug": 2}
+_SEVERITY: dict[ReplayVerdict, int] = {"noise": 0, "context": 1, "op-bug": 2}
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class SlotReplay:
     """One output slot of a replayed call, each side judged against the float64 rerun."""
 
     slot: str
-    verdict: Verdict
+    verdict: ReplayVerdict
     #: what the dump recorded
     recorded: TensorComparison
     #: the op rerun alone on the device, at the recorded dtypes
@@ -51,7 +51,7 @@ class ReplayResult:
     device: str
     #: the lowest floating precision among the call's tensors, whose rounding envelope judges
     precision: str
-    verdict: Verdict
+    verdict: ReplayVerdict
     reason: str
     slots: tuple[SlotReplay, ...]
     #: where the dump (and the golden, if any) came from
@@ -130,7 +130,7 @@ def replay_op(
         step=call.step,
         rank=call.rank,
         device=str(backend_device),
-        precision=str(precision).removeprefix("torch."),
+        precision=dtype_name(precision),
         verdict=verdict,
         reason=_reason(verdict, slots, str(backend_device), precision)
         + (
@@ -169,7 +169,7 @@ def _judge_slot(
     golden: TensorComparison | None,
 ) -> SlotReplay:
     if rerun.verdict == "fail":
-        verdict: Verdict = "op-bug"
+        verdict: ReplayVerdict = "op-bug"
     elif recorded.verdict == "fail":
         verdict = "context"
     else:
@@ -177,8 +177,10 @@ def _judge_slot(
     return SlotReplay(slot, verdict, recorded, rerun, golden)
 
 
-def _reason(verdict: Verdict, slots: list[SlotReplay], device: str, precision: torch.dtype) -> str:
-    envelope = f"{str(precision).removeprefix('torch.')} rounding of the float64 result"
+def _reason(
+    verdict: ReplayVerdict, slots: list[SlotReplay], device: str, precision: torch.dtype
+) -> str:
+    envelope = f"{dtype_name(precision)} rounding of the float64 result"
     if not slots:
         return "the op returns no tensor to judge"
     if verdict == "noise":

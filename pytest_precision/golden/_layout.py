@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 #: Bumped when the file layout changes; a file with a newer schema is refused, not misread.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SUFFIX = ".safetensors"
 MARKER = "pytest-precision-goldens.json"
 _TEMP_SUFFIX = ".tmp"

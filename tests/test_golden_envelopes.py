@@ -10,7 +10,13 @@ import pytest
 import safetensors.torch
 import torch
 
-from pytest_precision import Comparison, Golden, PrecisionInputError, float64_reference
+from pytest_precision import (
+    Comparison,
+    DumpFormatError,
+    Golden,
+    PrecisionInputError,
+    float64_reference,
+)
 from pytest_precision.golden._files import read_golden
 from pytest_precision.golden._layout import mark_golden_dir
 from pytest_precision.golden._tolerances import Tolerance
@@ -148,6 +154,17 @@ def test_schema_1_files_still_read(gdir: Path, case: tuple) -> None:
     with pytest.raises(AssertionError, match="envelope='model'"):  # the hint
         Golden(gdir, "t")(multi, "x")
     assert _standards(Golden(gdir, "t")(multi, "x", envelope="model")) == {"model"}
+
+
+def test_corrupt_envelope_is_a_format_error(gdir: Path, case: tuple) -> None:
+    _, golden = case
+    meta = {"schema": 2, "environment": {}, "values": {"x": {"tensor": "x"}}, "envelopes": {"x": 3}}
+    data = safetensors.torch.save(
+        {"x": golden}, metadata={"pytest_precision.golden": json.dumps(meta)}
+    )
+    (gdir / "t.safetensors").write_bytes(data)
+    with pytest.raises(DumpFormatError, match="corrupt golden metadata"):
+        read_golden(gdir / "t.safetensors")
 
 
 def test_float64_reference_leaves_the_model_alone() -> None:

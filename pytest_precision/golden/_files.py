@@ -174,6 +174,8 @@ def read_golden(path: Path) -> GoldenFile:
         for name, structure in structures.items():
             keys = list(_tensor_keys(structure))
             envelope = envelopes.get(name)
+            if envelope is not None and not isinstance(envelope, dict):
+                raise TypeError(f"envelope of {name!r} is not a mapping")
             references = {
                 k: tensors[k + REFERENCE_SUFFIX]
                 for k in (envelope or {}).get("references", ())

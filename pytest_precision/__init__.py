@@ -23,9 +23,13 @@ if typing.TYPE_CHECKING:
         UnmatchedCall,
     )
     from .dump import Dump, Record, capture, load_dump
-    from .golden._golden import Golden, assert_close_to_golden
+    from .golden._assert import assert_close_to_golden
+    from .golden._golden import Golden
+    from .golden._layers import assert_layers_close_to_golden
+    from .golden._reference import float64_reference
     from .numerics._assertions import Comparison, assert_close
     from .numerics._comparison import TensorComparison, compare_tensors, default_standard
+    from .numerics._envelopes import ModelLevel, Spread
     from .numerics._standards import (
         AllClose,
         Exact,
@@ -86,6 +90,7 @@ __all__ = [
     "DumpFormatError",
     "Exact",
     "Golden",
+    "ModelLevel",
     "OutputCheckFailed",
     "PrecisionError",
     "PrecisionInputError",
@@ -99,6 +104,7 @@ __all__ = [
     "ReplayResult",
     "ScoreCheck",
     "SeedHandle",
+    "Spread",
     "Standard",
     "StatsComparison",
     "Symptom",
@@ -114,6 +120,7 @@ __all__ = [
     "assert_close",
     "assert_close_to_golden",
     "assert_deterministic",
+    "assert_layers_close_to_golden",
     "assert_no_badcases",
     "assert_no_jitter",
     "assert_no_symptoms",
@@ -137,6 +144,7 @@ __all__ = [
     "diff_environment",
     "fingerprint_weights",
     "first_divergent_token",
+    "float64_reference",
     "load_dump",
     "pick_badcases",
     "precision_environment",
@@ -157,9 +165,13 @@ _MODULES = {
         "UnmatchedCall",
     ),
     ".dump": ("Dump", "Record", "capture", "load_dump"),
-    ".golden._golden": ("Golden", "assert_close_to_golden"),
+    ".golden._assert": ("assert_close_to_golden",),
+    ".golden._golden": ("Golden",),
+    ".golden._layers": ("assert_layers_close_to_golden",),
+    ".golden._reference": ("float64_reference",),
     ".numerics._assertions": ("Comparison", "assert_close"),
     ".numerics._comparison": ("TensorComparison", "compare_tensors", "default_standard"),
+    ".numerics._envelopes": ("ModelLevel", "Spread"),
     ".numerics._standards": (
         "AllClose",
         "Exact",

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from ._golden import Golden
 
 #: A record's status: a comparison verdict, or what happened instead of a comparison.
-STATUSES = ("error", "missing", "fail", "warn", "rewritten", "recorded", "pass")
-UPDATED = ("recorded", "rewritten")
+STATUSES = ("error", "missing", "fail", "warn", "rewritten", "recorded", "remeasured", "pass")
+#: ``remeasured``: the value still matched and was kept, its noise envelope was measured anew.
+UPDATED = ("recorded", "rewritten", "remeasured")
 
 #: Factories of the running tests' goldens, innermost last (pytester nests runs). A plain list,
 #: not a ContextVar, so threads started by a test see its golden too.

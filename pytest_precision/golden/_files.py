@@ -2,8 +2,10 @@
 
 Each value is flattened into tensors keyed ``<name><path>`` (the path as :func:`iter_leaf_pairs`
 spells it), stored in their own dtype, so every dtype round-trips bit for bit. The header
-metadata holds the schema version, the environment of the run that wrote the file and each
-value's structure, so nested values load back as the same containers. One file per test keeps a
+metadata holds the schema version, the environment of the run that wrote the file, each
+value's structure (so nested values load back as the same containers) and, from schema 2 on,
+each value's noise envelope (:mod:`._envelope`): a float64 reference is stored as the tensors
+``<key>@reference``. Schema 1 files (no envelopes) read as before. One file per test keeps a
 write one ``os.replace``: a killed writer leaves the old file or the new one, never a torn one.
 """
 
@@ -27,6 +29,8 @@ from ..numerics._nested import is_leaf
 from ._layout import SCHEMA_VERSION
 
 _METADATA_KEY = "pytest_precision.golden"
+#: A stored float64 reference's key: the golden tensor's key plus this.
+REFERENCE_SUFFIX = "@reference"
 
 #: A JSON tree describing one stored value's containers; its leaves name tensors in the file.
 Structure = dict[str, Any]
@@ -42,6 +46,17 @@ class Entry:
 
     structure: Structure
     tensors: Mapping[str, torch.Tensor]
+    #: How the value's noise was measured (JSON-ready); None: judged by the dtype's default.
+    envelope: Mapping[str, Any] | None = None
+    #: The float64 reference per tensor key (stored as ``<key>@reference``).
+    references: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    def all_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor this value stores, keyed as in the file."""
+        return {
+            **self.tensors,
+            **{f"{key}{REFERENCE_SUFFIX}": t for key, t in self.references.items()},
+        }
 
 
 def flatten(value: Any, name: str) -> Entry:
@@ -155,10 +170,19 @@ def read_golden(path: Path) -> GoldenFile:
         )
     try:
         structures = meta["values"]
-        entries = {
-            name: Entry(structure, {k: tensors[k] for k in _tensor_keys(structure)})
-            for name, structure in structures.items()
-        }
+        envelopes = meta.get("envelopes", {})
+        entries = {}
+        for name, structure in structures.items():
+            keys = list(_tensor_keys(structure))
+            envelope = envelopes.get(name)
+            if envelope is not None and not isinstance(envelope, dict):
+                raise TypeError(f"envelope of {name!r} is not a mapping")
+            references = {
+                k: tensors[k + REFERENCE_SUFFIX]
+                for k in (envelope or {}).get("references", ())
+                if k in keys
+            }
+            entries[name] = Entry(structure, {k: tensors[k] for k in keys}, envelope, references)
         environment = {str(k): str(v) for k, v in meta.get("environment", {}).items()}
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise DumpFormatError(path, f"corrupt golden metadata ({exc!r})") from None
@@ -181,7 +205,7 @@ def check_distinct_keys(entries: Mapping[str, Entry], path: Path) -> None:
     claiming the same key would silently overwrite each other, so that is an error."""
     owners: dict[str, str] = {}
     for name, entry in entries.items():
-        for key in entry.tensors:
+        for key in entry.all_tensors():
             other = owners.setdefault(key, name)
             if other != name:
                 raise PrecisionInputError(
@@ -193,11 +217,14 @@ def check_distinct_keys(entries: Mapping[str, Entry], path: Path) -> None:
 def write_golden(path: Path, entries: Mapping[str, Entry], environment: Mapping[str, str]) -> None:
     """Write a test's golden file in one atomic replace."""
     check_distinct_keys(entries, path)
-    tensors = {key: t for entry in entries.values() for key, t in entry.tensors.items()}
-    meta = {
+    tensors = {key: t for entry in entries.values() for key, t in entry.all_tensors().items()}
+    meta: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "environment": dict(environment),
         "values": {name: entry.structure for name, entry in entries.items()},
     }
+    envelopes = {name: dict(e.envelope) for name, e in entries.items() if e.envelope}
+    if envelopes:
+        meta["envelopes"] = envelopes
     metadata = {_METADATA_KEY: json.dumps(meta, sort_keys=True)}
     atomic_write(path, safetensors.torch.save(tensors, metadata=metadata))

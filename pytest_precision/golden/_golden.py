@@ -10,10 +10,9 @@ the *active* golden, which :func:`assert_close_to_golden` uses.
 from __future__ import annotations
 
 import os
-import shlex
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,17 @@ import torch
 
 from .._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
 from ..numerics._assertions import Comparison, ItemComparison, compare, to_tensor
-from ..numerics._comparison import TensorComparison, _check_pair, resolve_standard
-from ..numerics._dtypes import dtype_name
+from ..numerics._comparison import _check_pair, resolve_standard
 from ..numerics._nested import iter_leaf_pairs
-from ..numerics._standards import VERDICT_ORDER, Standard
+from ..numerics._standards import Standard
 from ..runtime._devices import flat_fingerprint
-from ._active import active_factory
+from ._envelope import (
+    NO_REQUEST,
+    EnvelopeRequest,
+    describe,
+    envelope_standard,
+    measure_envelope,
+)
 from ._files import (
     Entry,
     GoldenFile,
@@ -37,6 +41,7 @@ from ._files import (
     write_golden,
 )
 from ._layout import mark_golden_dir
+from ._records import badness, comparison_excess, describe_tensor, device_of, item_summary
 from ._sources import (
     DumpGoldens,
     GoldenDirectory,
@@ -96,6 +101,8 @@ class Golden:
         self._autoflush = autoflush
         self._file: GoldenFile | object | None = _MISSING
         self._used: set[str] = set()
+        self._order: list[str] = []  # names in recording order
+        self._failed: list[str] = []
         self._calls = 0
         self._staged: dict[str, Entry] = {}
         self._file_unreadable = False
@@ -121,17 +128,28 @@ class Golden:
 
     def _lookup(self, name: str) -> tuple[str, Any]:
         """``(where, expected)``; ``expected`` is ``_MISSING`` when there is no golden."""
+        where, value, _ = self._lookup_entry(name)
+        return where, value
+
+    def _lookup_entry(self, name: str) -> tuple[str, Any, Entry | None]:
+        """``(where, expected, stored entry)``; the entry carries the value's envelope."""
         if isinstance(self.source, DumpGoldens):
             found = self.source.lookup(name)
             if found is None:
-                return f"{self.source.path} (no record or module named {name!r})", _MISSING
+                return f"{self.source.path} (no record or module named {name!r})", _MISSING, None
             key, value = found
-            return f"{self.source.path} record {key}", value
+            return f"{self.source.path} record {key}", value, None
         where = str(self.location)
         golden_file = self._golden_file()
         if golden_file is None or name not in golden_file.entries:
-            return where, _MISSING
-        return where, golden_file.value(name)
+            return where, _MISSING, None
+        return where, golden_file.value(name), golden_file.entries[name]
+
+    def envelope(self, name: str) -> dict[str, Any] | None:
+        """The stored noise envelope of golden ``name`` (None: judged by the dtype default)."""
+        with self._lock:
+            _, _, entry = self._lookup_entry(name)
+        return None if entry is None or entry.envelope is None else dict(entry.envelope)
 
     def load(self, name: str) -> Any:
         """The stored golden value ``name`` (tensors on the CPU)."""
@@ -149,7 +167,7 @@ class Golden:
             recorded = golden_file.environment if golden_file else {}
         if not recorded:
             return []
-        current = environment_record(_device_of(value), seed=self.seed)
+        current = environment_record(device_of(value), seed=self.seed)
         return environment_diff(flat_fingerprint(recorded), current)
 
     # ... comparing
@@ -162,16 +180,30 @@ class Golden:
         standard: Standard | str | None = None,
         rtol: float | None = None,
         atol: float | None = None,
+        reference: Any = None,
+        envelope: str | None = None,
+        perturbations: Sequence[Callable[[], Any]] = (),
     ) -> Comparison | None:
         """Compare ``value`` with the golden ``name`` (default: the call's position in the test).
 
-        Returns the :class:`Comparison`, or ``None`` when the value was recorded (update mode).
+        ``reference``, ``envelope`` and ``perturbations`` say how the golden's noise envelope is
+        measured when it is recorded (see :func:`assert_close_to_golden`). Returns the
+        :class:`Comparison`, or ``None`` when the value was recorded (update mode).
         """
         __tracebackhide__ = True
+        request = EnvelopeRequest(envelope, reference, tuple(perturbations))
         with self._lock:
-            return self._check(value, name, Tolerance(standard, rtol, atol))
+            return self._check(value, name, Tolerance(standard, rtol, atol), request)
 
-    def _check(self, value: Any, name: str | None, call_tolerance: Tolerance) -> Comparison | None:
+    def _check(
+        self,
+        value: Any,
+        name: str | None,
+        call_tolerance: Tolerance,
+        request: EnvelopeRequest = NO_REQUEST,
+        *,
+        alone: bool = True,
+    ) -> Comparison | None:
         __tracebackhide__ = True
         name = self._name(name)
         try:
@@ -180,37 +212,74 @@ class Golden:
             self._record(name, str(self.location), "error", message=str(exc))
             raise
         try:
-            where, expected = self._lookup(name)
+            where, expected, entry = self._lookup_entry(name)
         except DumpFormatError as exc:
             if self.update and not isinstance(exc, NewerSchemaError):
                 self._file, self._file_unreadable = None, True
-                return self._stage(value, name, exc.path, "rewritten", f"was unreadable: {exc}")
+                return self._stage(
+                    value, name, exc.path, "rewritten", f"was unreadable: {exc}", request=request
+                )
             self._record(name, str(exc.path), "error", message=str(exc))
             raise
         if expected is _MISSING:
             if self.update:
-                return self._stage(value, name, where, "recorded", "no golden yet")
+                return self._stage(value, name, where, "recorded", "no golden yet", request=request)
             self._record(name, where, "missing", message="no golden")
             raise AssertionError(
                 f"no golden for {name!r} of {self.test_id}: {where} "
                 f"{'has no such value' if Path(where).exists() else 'does not exist'}\n"
                 + self._hint("record it")
             )
+        stored = entry.envelope if entry is not None else None
+        references = entry.references if entry is not None else {}
+        if stored is None and request.is_set:  # an older golden: measure what can be measured now
+            live = request.reference if isinstance(request.reference, torch.Tensor) else None
+            stored, references = measure_envelope(
+                expected, name, EnvelopeRequest("model" if live is None else None, live), 0
+            )
         try:
-            comparison = self._compare(value, expected, name, call_tolerance)
+            comparison = self._compare(value, expected, name, call_tolerance, stored, references)
         except PrecisionInputError as exc:
             if self.update:
-                return self._stage(value, name, where, "rewritten", str(exc))
+                return self._stage(value, name, where, "rewritten", str(exc), request=request)
             self._record(name, where, "error", message=str(exc))
+            self._failed.append(name)
             raise AssertionError(
                 f"{self.test_id}: value does not match golden {where}: {exc}\n"
                 + self._hint("if the change is intended, re-record")
             ) from None
         if self.update and not comparison.passed:
-            return self._stage(value, name, where, "rewritten", "differed", comparison)
-        self._record(name, where, comparison.verdict, comparison=comparison)
+            return self._stage(
+                value, name, where, "rewritten", "differed", comparison, request=request
+            )
+        if self.update and request.is_set and isinstance(self.source, GoldenDirectory):
+            # the value is kept; its envelope is measured anew (a new reference, new reruns)
+            return self._stage(
+                expected, name, where, "remeasured", "envelope re-measured", comparison, request
+            )
+        excess = comparison_excess(comparison)
+        self._record(
+            name, where, comparison.verdict, comparison=comparison, envelope=(stored, excess)
+        )
         if not comparison.passed:
-            lines = [f"{self.test_id}: golden mismatch (golden: {where})", comparison.message()]
+            lines = [f"{self.test_id}: golden mismatch (golden: {where})"]
+            if excess is not None:
+                lines.append(
+                    f"{name}: {excess:.3g}x the limit of {describe(stored)} "
+                    f"({100 * (excess - 1):.3g} % beyond it)"
+                )
+            lines.append(comparison.message())
+            earlier = [n for n in self._order[: self._order.index(name)] if n not in self._failed]
+            if alone and earlier and not self._failed:
+                lines.append(
+                    f"first failing golden of this test: {name} ({', '.join(earlier)} passed)"
+                )
+            self._failed.append(name)
+            if stored is None and not self._tolerances_set(call_tolerance, comparison):
+                lines.append(
+                    "if this value came out of many ops, record a float64 reference with it "
+                    "(reference=...) or pass envelope='model' (docs/standards.md)"
+                )
             env = self._environment_lines(value)
             if env:
                 lines += ["environment differs from the run that recorded the golden:", *env]
@@ -235,6 +304,7 @@ class Golden:
                 "within a test"
             )
         self._used.add(name)
+        self._order.append(name)
         return name
 
     def _validate(self, value: Any, name: str, call_tolerance: Tolerance) -> None:
@@ -253,7 +323,13 @@ class Golden:
                 raise PrecisionInputError(f"{self.test_id}: golden {label}: {exc}") from None
 
     def _compare(
-        self, value: Any, expected: Any, name: str, call_tolerance: Tolerance
+        self,
+        value: Any,
+        expected: Any,
+        name: str,
+        call_tolerance: Tolerance,
+        envelope: Mapping[str, Any] | None = None,
+        references: Mapping[str, torch.Tensor] | None = None,
     ) -> Comparison:
         """Compare leaf by leaf: the tolerance may depend on each leaf's dtype. With the value
         and tolerance validated, a :class:`PrecisionInputError` here is a golden difference
@@ -267,15 +343,19 @@ class Golden:
                 a.dtype != e.dtype or a.shape != e.shape
             ):
                 raise PrecisionInputError(
-                    f"{label}: value is {_describe(a)}, golden is {_describe(e)}"
+                    f"{label}: value is {describe_tensor(a)}, golden is {describe_tensor(e)}"
                 )
             tolerance = self._tolerance_for(call_tolerance, a.dtype)
+            chosen, reference = None, None
+            if not tolerance.is_set:  # no override: the stored envelope, if any
+                chosen, reference = envelope_standard(envelope, references or {}, label, e)
             result = compare(
                 a,
                 e.to(a.device),
-                standard=tolerance.standard,
+                standard=chosen or tolerance.standard,
                 rtol=tolerance.rtol,
                 atol=tolerance.atol,
+                reference=None if reference is None else reference.to(a.device),
                 name=label,
             )
             items += [ItemComparison(path, i.comparison, i.details) for i in result.items]
@@ -287,6 +367,10 @@ class Golden:
             if tolerance.is_set:
                 return tolerance
         return NO_TOLERANCE
+
+    def _tolerances_set(self, call: Tolerance, comparison: Comparison) -> bool:
+        dtypes = {item.comparison.dtype for item in comparison.items}
+        return any(self._tolerance_for(call, d).is_set for d in dtypes)
 
     def _hint(self, what: str) -> str:
         command = self._record_hint or (
@@ -304,8 +388,13 @@ class Golden:
         status: str,
         message: str,
         comparison: Comparison | None = None,
+        request: EnvelopeRequest = NO_REQUEST,
     ) -> None:
         entry = flatten(value, name)
+        envelope, references = measure_envelope(
+            value, name, request, self._order.index(name) if name in self._order else 0
+        )
+        entry = Entry(entry.structure, entry.tensors, envelope, references)
         golden_file = None if self._file_unreadable else self._golden_file()
         # stored values this test asserted stay; the others may still be dropped as stale
         kept = {
@@ -319,8 +408,10 @@ class Golden:
             self._record(name, where, "error", message=str(exc))
             raise
         self._staged[name] = entry
-        self._device = self._device or _device_of(value)
-        self._record(name, where, status, comparison=comparison, message=message)
+        self._device = self._device or device_of(value)
+        self._record(
+            name, where, status, comparison=comparison, message=message, envelope=(envelope, None)
+        )
         if self._autoflush:
             self.flush(complete=False)
 
@@ -366,6 +457,7 @@ class Golden:
         *,
         comparison: Comparison | None = None,
         message: str = "",
+        envelope: tuple[Mapping[str, Any] | None, float | None] = (None, None),
     ) -> None:
         record: dict[str, Any] = {
             "test": self.test_id,
@@ -374,98 +466,19 @@ class Golden:
             "status": status,
             "message": message,
         }
+        stored, excess = envelope
+        if stored is not None or excess is not None:
+            record["envelope"] = {
+                "kind": None if stored is None else stored.get("kind"),
+                "order": None if stored is None else stored.get("order"),
+                "excess": excess,
+            }
         if comparison is not None and comparison.items:
-            worst = max(comparison.items, key=lambda item: _badness(item.comparison))
+            worst = max(comparison.items, key=lambda item: badness(item.comparison))
             record["verdict"] = comparison.verdict
             record["standard"] = worst.comparison.standard.name
-            record["worst"] = _item_summary(worst)
-            record["items"] = [_item_summary(item) for item in comparison.items]
+            record["worst"] = item_summary(worst)
+            record["items"] = [item_summary(item) for item in comparison.items]
         self.records.append(record)
         if self._on_record is not None:
             self._on_record(record)
-
-
-def _badness(c: TensorComparison) -> tuple[int, float, float]:
-    return (VERDICT_ORDER[c.verdict], c.mismatch_ratio, c.max_rel_err)
-
-
-#: What a record keeps of each compared item: enough to rank and to explain, kept small since
-#: records also travel as JUnit properties.
-_ITEM_FIELDS = (
-    "verdict",
-    "reason",
-    "standard",
-    "dtype",
-    "shape",
-    "cosine",
-    "max_abs_err",
-    "max_rel_err",
-    "mean_abs_err",
-    "rmse",
-    "sqnr_db",
-    "max_ulp",
-    "thousandth_ratio",
-    "five_thousandth_ratio",
-    "mismatch_count",
-    "numel",
-)
-
-
-def _item_summary(item: ItemComparison) -> dict[str, Any]:
-    summary = item.comparison.to_dict()
-    return {"path": item.path, **{key: summary[key] for key in _ITEM_FIELDS}}
-
-
-def _describe(t: torch.Tensor) -> str:
-    return f"{dtype_name(t.dtype)} of shape {tuple(t.shape)}"
-
-
-def _device_of(value: Any) -> torch.device | None:
-    for _, leaf, _ in iter_leaf_pairs(value, value):
-        if isinstance(leaf, torch.Tensor):
-            return leaf.device
-    return None
-
-
-def record_command(test_id: str, golden_dir: Path, invocation_dir: Path) -> str:
-    """The exact command line that records a test's goldens."""
-    try:
-        shown = golden_dir.relative_to(invocation_dir)
-    except ValueError:
-        shown = golden_dir
-    return (
-        f"python -m pytest {shlex.quote(test_id)} --golden-dir {shlex.quote(str(shown))} "
-        "--golden-update"
-    )
-
-
-def current_golden() -> Golden:
-    """The running test's :class:`Golden` (the pytest plugin activates one per test)."""
-    __tracebackhide__ = True
-    factory = active_factory()
-    if factory is None:
-        raise PrecisionError(
-            "assert_close_to_golden() runs inside a pytest test with the pytest-precision "
-            "plugin (goldens are named after the test); outside pytest use "
-            "Golden(golden_dir, test_id)(value, name)"
-        )
-    return factory()
-
-
-def assert_close_to_golden(
-    value: Any,
-    name: str | None = None,
-    *,
-    standard: Standard | str | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
-) -> Comparison | None:
-    """Assert that ``value`` is close to the running test's golden ``name``.
-
-    Without ``name`` the golden is named after the call's position in the test (``#0``, ``#1``,
-    ...); give one to keep it stable across edits. Tolerances: this call's, else the test's
-    ``@pytest.mark.precision``, else the ini ``precision_tolerances`` for the dtype, else the
-    dtype's default standard. Returns the :class:`Comparison` (``None`` when recorded).
-    """
-    __tracebackhide__ = True
-    return current_golden()(value, name, standard=standard, rtol=rtol, atol=atol)

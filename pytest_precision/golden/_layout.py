@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from .._atomic import TEMP_SUFFIX, atomic_write
 
 #: Bumped when the file layout changes; a file with a newer schema is refused, not misread.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SUFFIX = ".safetensors"
 MARKER = "pytest-precision-goldens.json"
 

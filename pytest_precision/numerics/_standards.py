@@ -29,7 +29,7 @@ VERDICT_ORDER: dict[Verdict, int] = {"pass": 0, "warn": 1, "fail": 2}
 ReferencePair = tuple[ErrorMetrics, ErrorMetrics]
 
 
-StandardName = Literal["allclose", "ratio", "ulp", "reference", "exact"]
+StandardName = Literal["allclose", "ratio", "ulp", "reference", "exact", "model", "spread"]
 
 
 #: torch.testing.assert_close's default (rtol, atol) per dtype.
@@ -333,16 +333,7 @@ class Reference(Standard):
                 "reference differs",
             )
         lim = self.limit()
-        # Baseline errors are floored at one rounding of the reference's scale, so a baseline
-        # that matches the reference exactly does not demand an exact target.
-        unit = 2.0 ** -FLOAT_FORMATS.get(comparison.dtype, FLOAT_FORMATS[torch.float64])[0]
-        floor = unit * max(baseline.expected_rms, math.ldexp(1.0, -1074))
-        ratios = {
-            "max abs": (target.max_abs_err, baseline.max_abs_err, lim.max_abs_ratio),
-            "mean abs": (target.mean_abs_err, baseline.mean_abs_err, lim.mean_abs_ratio),
-            "rmse": (target.rmse, baseline.rmse, lim.rmse_ratio),
-        }
-        values = {k: (t / max(b, floor), limit) for k, (t, b, limit) in ratios.items()}
+        values = reference_ratios(comparison.dtype, target, baseline, lim)
         shown = ", ".join(f"{k} {r:.3g}x (limit {limit:g})" for k, (r, limit) in values.items())
         worst = max(r / limit for r, limit in values.values())
         if worst <= 1.0:
@@ -350,6 +341,22 @@ class Reference(Standard):
         if worst <= lim.warn_factor:
             return Judgement("warn", f"error vs float64 reference near limits: {shown}")
         return Judgement("fail", f"error vs float64 reference beyond limits: {shown}")
+
+
+def reference_ratios(
+    dtype: torch.dtype, target: ErrorMetrics, baseline: ErrorMetrics, lim: ReferenceLimit
+) -> dict[str, tuple[float, float]]:
+    """``{metric: (target error / baseline error, limit)}``, both errors against float64."""
+    # Baseline errors are floored at one rounding of the reference's scale, so a baseline
+    # that matches the reference exactly does not demand an exact target.
+    unit = 2.0 ** -FLOAT_FORMATS.get(dtype, FLOAT_FORMATS[torch.float64])[0]
+    floor = unit * max(baseline.expected_rms, math.ldexp(1.0, -1074))
+    ratios = {
+        "max abs": (target.max_abs_err, baseline.max_abs_err, lim.max_abs_ratio),
+        "mean abs": (target.mean_abs_err, baseline.mean_abs_err, lim.mean_abs_ratio),
+        "rmse": (target.rmse, baseline.rmse, lim.rmse_ratio),
+    }
+    return {k: (t / max(b, floor), limit) for k, (t, b, limit) in ratios.items()}
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def golden() -> Golden:
     """This test's goldens: ``golden(value, name=None, *, standard, rtol, atol)`` compares,
     ``golden.load(name)`` reads a stored value."""
     __tracebackhide__ = True
-    from ..golden._golden import current_golden
+    from ..golden._assert import current_golden
 
     return current_golden()
 

@@ -176,7 +176,8 @@ class GoldenPlugin:
 
     def _golden_for(self, item: pytest.Item) -> Golden:
         __tracebackhide__ = True
-        from ..golden._golden import Golden, record_command
+        from ..golden._assert import record_command
+        from ..golden._golden import Golden
         from ..golden._sources import open_golden_source
 
         if self.golden_dir is None:
@@ -360,10 +361,16 @@ class GoldenPlugin:
             tr.write_line(_summary_line(record))
         updated = [r for r in self.sorted_records() if r["status"] in UPDATED]
         if updated:
+            remeasured = sum(r["status"] == "remeasured" for r in updated)
             tr.write_line(
                 f"golden update: recorded {sum(r['status'] == 'recorded' for r in updated)}, "
                 f"rewrote {sum(r['status'] == 'rewritten' for r in updated)} value(s) "
                 f"in {self.golden_dir}"
+                + (
+                    f"; re-measured the envelope of {remeasured} kept value(s)"
+                    if remeasured
+                    else ""
+                )
             )
         if self.unused:
             verb = "deleted" if self.pruned else "delete them with --golden-prune"

@@ -171,7 +171,7 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "g.safetensors"
     meta = {"schema": SCHEMA_VERSION + 1, "environment": {}, "values": {"x": {"tensor": "x"}}}
     _write_with_metadata(path, {"pytest_precision.golden": json.dumps(meta)})
-    with pytest.raises(NewerSchemaError, match=r"newer pytest-precision \(golden schema 2"):
+    with pytest.raises(NewerSchemaError, match=r"newer pytest-precision \(golden schema 3"):
         read_golden(path)
 
 

@@ -262,7 +262,7 @@ def test_bad_goldens_fail_only_their_test(
     assert "value is float32 of shape (3, 2), golden is float32 of shape (2, 3)" in output
     assert "value is float16 of shape (3,), golden is float32 of shape (3,)" in output
     assert "test_corrupt.safetensors: corrupt golden file, not readable as safetensors" in output
-    assert "newer pytest-precision (golden schema 99; this version reads schema 1" in output
+    assert "newer pytest-precision (golden schema 99; this version reads schema 2" in output
     summary = _summary(output)
     assert [line.split()[0] for line in summary] == ["ERROR"] * 4 + ["PASS"]
 

@@ -43,14 +43,7 @@ if typing.TYPE_CHECKING:
     )
     from .numerics._stats import TensorStats, tensor_stats
     from .output._badcases import BadCases, assert_no_badcases, pick_badcases
-    from .output._checklist import (
-        ChecklistDiff,
-        assert_same_config,
-        assert_same_environment,
-        diff_configs,
-        diff_environment,
-        precision_environment,
-    )
+    from .output._checklist import assert_same_config, assert_same_environment, diff_configs
     from .output._common import OutputCheckFailed
     from .output._scores import ScoreCheck, assert_score_within, check_scores
     from .output._symptoms import (
@@ -77,6 +70,7 @@ if typing.TYPE_CHECKING:
     )
     from .replay._verdict import ReplayResult, replay_op
     from .runtime._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
+    from .runtime._environment import ChecklistDiff, diff_environment, precision_environment
 
 __all__ = [
     "AllClose",
@@ -185,14 +179,7 @@ _MODULES = {
     ),
     ".numerics._stats": ("TensorStats", "tensor_stats"),
     ".output._badcases": ("BadCases", "assert_no_badcases", "pick_badcases"),
-    ".output._checklist": (
-        "ChecklistDiff",
-        "assert_same_config",
-        "assert_same_environment",
-        "diff_configs",
-        "diff_environment",
-        "precision_environment",
-    ),
+    ".output._checklist": ("assert_same_config", "assert_same_environment", "diff_configs"),
     ".output._common": ("OutputCheckFailed",),
     ".output._scores": ("ScoreCheck", "assert_score_within", "check_scores"),
     ".output._symptoms": (
@@ -224,6 +211,7 @@ _MODULES = {
         "assert_deterministic",
         "seed_all",
     ),
+    ".runtime._environment": ("ChecklistDiff", "diff_environment", "precision_environment"),
 }
 _MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
 

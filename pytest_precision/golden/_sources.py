@@ -13,6 +13,7 @@ import torch
 from .._errors import DumpFormatError, PrecisionError, PrecisionInputError
 from ..dump import Dump, Record
 from ..runtime._devices import flat_fingerprint
+from ..runtime._environment import diff_environment
 from ._files import GoldenFile, read_golden
 from ._layout import MARKER, golden_relpath, is_golden_dir
 
@@ -39,11 +40,11 @@ def _device_name(device: torch.device | None) -> str:
 
 
 def environment_diff(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
-    """The checklist lines where the golden's environment differs from this run's."""
+    """The checklist lines where the golden's environment differs from this run's, the most
+    likely culprit first (the same ordering as :func:`diff_environment`)."""
     return [
-        f"  {key}: {recorded.get(key, '-')} (golden) vs {current.get(key, '-')} (now)"
-        for key in sorted(set(recorded) | set(current))
-        if recorded.get(key) != current.get(key)
+        f"  {c.key}: {c.golden or '-'} (golden) vs {c.target or '-'} (now)  [{c.category}]"
+        for c in diff_environment(recorded, current).changes
     ]
 
 

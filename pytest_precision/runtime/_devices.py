@@ -335,6 +335,39 @@ def torch_determinism_flags() -> dict[str, bool]:
     }
 
 
+#: Environment variables that change numerics or determinism (beyond the device backends' own).
+PRECISION_ENV = (
+    # CPU: threads change reduction order; oneDNN / MKL may pick other kernels or fp math
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "MKL_CBWR",
+    "ONEDNN_DEFAULT_FPMATH_MODE",
+    "DNNL_DEFAULT_FPMATH_MODE",
+    "ATEN_CPU_CAPABILITY",
+    "KMP_DETERMINISTIC_REDUCTION",
+    # CUDA
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_VISIBLE_DEVICES",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    # Ascend
+    "HCCL_DETERMINISTIC",
+    "LCCL_DETERMINISTIC",
+    "CLOSE_MATMUL_K_SHIFT",
+    "ATB_LLM_LCOC_ENABLE",
+    "ATB_MATMUL_SHUFFLE_K_ENABLE",
+    "ASCEND_LAUNCH_BLOCKING",
+    "INF_NAN_MODE_ENABLE",
+    "ASCEND_RT_VISIBLE_DEVICES",
+    # serving
+    "VLLM_ATTENTION_BACKEND",
+    "VLLM_USE_V1",
+)
+
+
 def environment_fingerprint() -> dict[str, Any]:
     """Describe this process for dumps and reports: versions, devices, flags, env vars.
 
@@ -350,6 +383,7 @@ def environment_fingerprint() -> dict[str, Any]:
             entry["versions"] = backend.versions()
         devices[backend.name] = entry
         env_names += [*backend.deterministic_env, *backend.reported_env]
+    env_names += [name for name in PRECISION_ENV if name not in env_names]
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),

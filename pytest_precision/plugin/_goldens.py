@@ -20,10 +20,9 @@ import pytest
 
 from .._atomic import atomic_write
 from .._errors import PrecisionError, PrecisionInputError
-from ..golden._active import STATUSES, UPDATED, activate, deactivate
+from ..golden._active import UPDATED, activate, deactivate
 from ..golden._layout import (
     MARKER,
-    SCHEMA_VERSION,
     SUFFIX,
     golden_relpath,
     golden_scope,
@@ -32,6 +31,7 @@ from ..golden._layout import (
     list_stale_temps,
     mark_golden_dir,
 )
+from ..report._goldens import golden_report_document, golden_summary_lines, record_order
 
 if TYPE_CHECKING:
     import torch
@@ -334,20 +334,18 @@ class GoldenPlugin:
         return None
 
     def sorted_records(self) -> list[dict[str, Any]]:
-        return sorted(self.records, key=_record_order)
+        return sorted(self.records, key=record_order)
 
     def _write_report(self) -> None:
         assert self.report_path is not None
-        content = {
-            "schema": SCHEMA_VERSION,
-            "golden_dir": None if self.golden_dir is None else str(self.golden_dir),
-            "update": self.update,
-            "comparisons": self.sorted_records(),
-            "unused_goldens": None if self.unused is None else [str(p) for p in self.unused],
-            "pruned": self.pruned,
-        }
-        data = json.dumps(content, indent=2, sort_keys=True) + "\n"
-        atomic_write(self.report_path, data.encode())
+        document = golden_report_document(
+            self.sorted_records(),
+            golden_dir=self.golden_dir,
+            update=self.update,
+            unused=self.unused,
+            pruned=self.pruned,
+        )
+        atomic_write(self.report_path, document.encode())
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if getattr(self.config, "workeroutput", None) is not None:
@@ -355,36 +353,21 @@ class GoldenPlugin:
         skipped_prune = self.prune and self.unused is None
         if not self.records and not self.unused and not skipped_prune:
             return
-        tr = terminalreporter
-        tr.write_sep("=", "golden comparisons (pytest-precision)")
-        for record in self.sorted_records():
-            tr.write_line(_summary_line(record))
-        updated = [r for r in self.sorted_records() if r["status"] in UPDATED]
-        if updated:
-            remeasured = sum(r["status"] == "remeasured" for r in updated)
-            tr.write_line(
-                f"golden update: recorded {sum(r['status'] == 'recorded' for r in updated)}, "
-                f"rewrote {sum(r['status'] == 'rewritten' for r in updated)} value(s) "
-                f"in {self.golden_dir}"
-                + (
-                    f"; re-measured the envelope of {remeasured} kept value(s)"
-                    if remeasured
-                    else ""
-                )
-            )
-        if self.unused:
-            verb = "deleted" if self.pruned else "delete them with --golden-prune"
-            tr.write_line(f"unused goldens (no collected test uses them; {verb}):")
-            for path in self.unused:
-                tr.write_line(f"  {path}")
-        if skipped_prune:
-            why = ", ".join(sorted(self.narrowed_by)) or "no collection to compare with"
-            tr.write_line(
-                f"--golden-prune deleted nothing: unused goldens need a full run of a golden "
-                f"directory ({why})"
-            )
-        if self.report_path is not None:
-            tr.write_line(f"precision report written to {self.report_path}")
+        terminalreporter.write_sep("=", "golden comparisons (pytest-precision)")
+        lines = golden_summary_lines(
+            self.sorted_records(),
+            golden_dir=self.golden_dir,
+            unused=self.unused,
+            pruned=self.pruned,
+            prune_skipped_because=(
+                (", ".join(sorted(self.narrowed_by)) or "no collection to compare with")
+                if skipped_prune
+                else None
+            ),
+            report_path=self.report_path,
+        )
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 _built_key = pytest.StashKey[list["Golden"]]()
@@ -435,36 +418,6 @@ def _records_of(report: pytest.CollectReport | pytest.TestReport) -> list[dict[s
         for name, value in getattr(report, "user_properties", ())
         if isinstance(name, str) and name.startswith(PROPERTY_PREFIX)
     ]
-
-
-def _record_order(record: dict[str, Any]) -> tuple[Any, ...]:
-    worst = record.get("worst", {})
-    cosine = worst.get("cosine", 1.0)
-    numel = worst.get("numel") or 1
-    return (
-        STATUSES.index(record["status"]),
-        -worst.get("mismatch_count", 0) / numel,
-        cosine if isinstance(cosine, float) else -1.0,
-        record["test"],
-        record["name"],
-    )
-
-
-def _number(value: Any) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def _summary_line(record: dict[str, Any]) -> str:
-    head = f"{record['status'].upper():<9} {record['test']} {record['name']}"
-    worst = record.get("worst")
-    if worst is None:
-        return f"{head}: {record['message'].splitlines()[0] if record['message'] else ''}"
-    where = f"{worst['path']} " if worst["path"] else ""
-    return (
-        f"{head} [{record['standard']}] {where}cosine {_number(worst['cosine'])} "
-        f"max abs {_number(worst['max_abs_err'])} max rel {_number(worst['max_rel_err'])} "
-        f"mismatched {worst['mismatch_count']}/{worst['numel']}"
-    )
 
 
 def _is_under(path: PurePosixPath, scope: PurePosixPath) -> bool:

@@ -1,0 +1,99 @@
+"""How the session's golden comparisons read: the terminal summary and the JSON report.
+
+The goldens plugin collects one record (a JSON-ready dict) per comparison, from this process or
+from xdist workers; these functions render them. Torch-free: the plugin imports it in every run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ..golden._active import STATUSES, UPDATED
+from ..golden._layout import SCHEMA_VERSION
+
+
+def record_order(record: dict[str, Any]) -> tuple[Any, ...]:
+    """Worst first: by status, then the share of mismatched elements, then cosine."""
+    worst = record.get("worst", {})
+    cosine = worst.get("cosine", 1.0)
+    numel = worst.get("numel") or 1
+    return (
+        STATUSES.index(record["status"]),
+        -worst.get("mismatch_count", 0) / numel,
+        cosine if isinstance(cosine, float) else -1.0,
+        record["test"],
+        record["name"],
+    )
+
+
+def golden_report_document(
+    records: list[dict[str, Any]],
+    *,
+    golden_dir: Path | None,
+    update: bool,
+    unused: list[PurePosixPath] | None,
+    pruned: bool,
+) -> str:
+    """The ``--precision-report`` JSON file's text."""
+    content = {
+        "schema": SCHEMA_VERSION,
+        "golden_dir": None if golden_dir is None else str(golden_dir),
+        "update": update,
+        "comparisons": records,
+        "unused_goldens": None if unused is None else [str(p) for p in unused],
+        "pruned": pruned,
+    }
+    return json.dumps(content, indent=2, sort_keys=True) + "\n"
+
+
+def golden_summary_lines(
+    records: list[dict[str, Any]],
+    *,
+    golden_dir: Path | None,
+    unused: list[PurePosixPath] | None,
+    pruned: bool,
+    prune_skipped_because: str | None,
+    report_path: Path | None,
+) -> list[str]:
+    """The terminal summary: one line per comparison (worst first), updates, unused goldens."""
+    lines = [_summary_line(record) for record in records]
+    updated = [r for r in records if r["status"] in UPDATED]
+    if updated:
+        remeasured = sum(r["status"] == "remeasured" for r in updated)
+        lines.append(
+            f"golden update: recorded {sum(r['status'] == 'recorded' for r in updated)}, "
+            f"rewrote {sum(r['status'] == 'rewritten' for r in updated)} value(s) "
+            f"in {golden_dir}"
+            + (f"; re-measured the envelope of {remeasured} kept value(s)" if remeasured else "")
+        )
+    if unused:
+        verb = "deleted" if pruned else "delete them with --golden-prune"
+        lines.append(f"unused goldens (no collected test uses them; {verb}):")
+        lines += [f"  {path}" for path in unused]
+    if prune_skipped_because is not None:
+        lines.append(
+            "--golden-prune deleted nothing: unused goldens need a full run of a golden "
+            f"directory ({prune_skipped_because})"
+        )
+    if report_path is not None:
+        lines.append(f"precision report written to {report_path}")
+    return lines
+
+
+def _number(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _summary_line(record: dict[str, Any]) -> str:
+    head = f"{record['status'].upper():<9} {record['test']} {record['name']}"
+    worst = record.get("worst")
+    if worst is None:
+        return f"{head}: {record['message'].splitlines()[0] if record['message'] else ''}"
+    where = f"{worst['path']} " if worst["path"] else ""
+    return (
+        f"{head} [{record['standard']}] {where}cosine {_number(worst['cosine'])} "
+        f"max abs {_number(worst['max_abs_err'])} max rel {_number(worst['max_rel_err'])} "
+        f"mismatched {worst['mismatch_count']}/{worst['numel']}"
+    )

@@ -10,6 +10,7 @@ from ._msprobe import is_msprobe_dump, read_msprobe_dump
 from ._native import is_native_dump, read_native_dump
 from ._plain import SUFFIXES, read_plain_dump, tensor_files
 from ._records import Dump
+from ._safe_io import TOO_DEEP
 
 
 def load_dump(path: str | os.PathLike[str]) -> Dump:
@@ -23,6 +24,8 @@ def load_dump(path: str | os.PathLike[str]) -> Dump:
         return _dispatch(path)
     except OSError as exc:
         raise DumpFormatError(exc.filename or path, exc.strerror or str(exc)) from None
+    except RecursionError:  # a safety net: every reader bounds its nesting itself
+        raise DumpFormatError(path, TOO_DEEP) from None
 
 
 def _dispatch(path: Path) -> Dump:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from .._errors import DumpFormatError, PrecisionInputError
+from ._atb import is_atb_dump, read_atb_dump
 from ._msprobe import is_msprobe_dump, read_msprobe_dump
 from ._native import is_native_dump, read_native_dump
 from ._plain import SUFFIXES, read_plain_dump, tensor_files
@@ -41,6 +42,8 @@ def _dispatch(path: Path) -> Dump:
         return read_native_dump(path)
     if is_msprobe_dump(path):
         return read_msprobe_dump(path)
+    if is_atb_dump(path):
+        return read_atb_dump(path)
     if tensor_files(path):
         return read_plain_dump(path)
     if not any(path.iterdir()):
@@ -48,7 +51,8 @@ def _dispatch(path: Path) -> Dump:
     raise DumpFormatError(
         path,
         "unknown dump layout: no native manifest, no msprobe dump.json "
-        f"(step*/rank*|proc*/), no {_suffixes()} files",
+        f"(step*/rank*|proc*/), no ATB atb_dump_data/data/<device>_<pid>/<round>/, "
+        f"no {_suffixes()} files",
     )
 
 

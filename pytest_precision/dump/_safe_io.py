@@ -33,6 +33,7 @@ _MAX_NPY_HEADER = 10_000
 #: a damaged archive.
 _NPZ_ERRORS = (
     OSError, ValueError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile, EOFError,
+    NotImplementedError,  # zipfile: "compressed patched data"
 )  # fmt: skip
 
 #: How deep the readers follow nested lists / objects of a dump's metadata; real dumps nest a

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from atb_helpers import make_atb_dump
 from dump_helpers import MSPROBE_FIXTURES
 from fuzz_helpers import ITERATIONS, check_load, fuzz_reader
 from safetensors.torch import save_file
@@ -46,10 +47,20 @@ def _msprobe(root: Path) -> Path:
     return root / "msprobe"
 
 
+def _atb(root: Path) -> Path:
+    return make_atb_dump(root, layers=1, rounds=1)
+
+
+def _atb_statistics(root: Path) -> Path:
+    return make_atb_dump(root, layers=1, rounds=2, task="statistics")
+
+
 SOURCES: dict[str, Callable[[Path], Path]] = {
     "native": _native,
     "plain": _plain,
     "msprobe": _msprobe,
+    "atb": _atb,
+    "atb-statistics": _atb_statistics,
 }
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .._errors import DumpFormatError, PrecisionInputError
 from ._atb import is_atb_dump, read_atb_dump
+from ._mindspore import is_mindspore_dump, read_mindspore_dump
 from ._msprobe import is_msprobe_dump, read_msprobe_dump
 from ._native import is_native_dump, read_native_dump
 from ._plain import SUFFIXES, read_plain_dump, tensor_files
@@ -44,6 +45,8 @@ def _dispatch(path: Path) -> Dump:
         return read_msprobe_dump(path)
     if is_atb_dump(path):
         return read_atb_dump(path)
+    if is_mindspore_dump(path):
+        return read_mindspore_dump(path)
     if tensor_files(path):
         return read_plain_dump(path)
     if not any(path.iterdir()):
@@ -52,6 +55,7 @@ def _dispatch(path: Path) -> Dump:
         path,
         "unknown dump layout: no native manifest, no msprobe dump.json "
         f"(step*/rank*|proc*/), no ATB atb_dump_data/data/<device>_<pid>/<round>/, "
+        "no MindSpore rank_<r>/<net>/<graph>/<iteration>/, "
         f"no {_suffixes()} files",
     )
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from atb_helpers import make_atb_dump
-from dump_helpers import MSPROBE_FIXTURES
+from dump_helpers import MSPROBE_FIXTURES, REPO
 from fuzz_helpers import ITERATIONS, check_load, fuzz_reader
 from safetensors.torch import save_file
 
@@ -55,7 +55,13 @@ def _atb_statistics(root: Path) -> Path:
     return make_atb_dump(root, layers=1, rounds=2, task="statistics")
 
 
+def _mindspore(root: Path) -> Path:
+    shutil.copytree(REPO / "fixtures" / "mindspore" / "graph", root / "mindspore")
+    return root / "mindspore"
+
+
 SOURCES: dict[str, Callable[[Path], Path]] = {
+    "mindspore": _mindspore,
     "native": _native,
     "plain": _plain,
     "msprobe": _msprobe,

@@ -6,10 +6,13 @@ import os
 from pathlib import Path
 
 from .._errors import DumpFormatError, PrecisionInputError
+from ._atb import is_atb_dump, read_atb_dump
+from ._mindspore import is_mindspore_dump, read_mindspore_dump
 from ._msprobe import is_msprobe_dump, read_msprobe_dump
 from ._native import is_native_dump, read_native_dump
 from ._plain import SUFFIXES, read_plain_dump, tensor_files
 from ._records import Dump
+from ._safe_io import TOO_DEEP
 
 
 def load_dump(path: str | os.PathLike[str]) -> Dump:
@@ -23,6 +26,8 @@ def load_dump(path: str | os.PathLike[str]) -> Dump:
         return _dispatch(path)
     except OSError as exc:
         raise DumpFormatError(exc.filename or path, exc.strerror or str(exc)) from None
+    except RecursionError:  # a safety net: every reader bounds its nesting itself
+        raise DumpFormatError(path, TOO_DEEP) from None
 
 
 def _dispatch(path: Path) -> Dump:
@@ -38,6 +43,10 @@ def _dispatch(path: Path) -> Dump:
         return read_native_dump(path)
     if is_msprobe_dump(path):
         return read_msprobe_dump(path)
+    if is_atb_dump(path):
+        return read_atb_dump(path)
+    if is_mindspore_dump(path):
+        return read_mindspore_dump(path)
     if tensor_files(path):
         return read_plain_dump(path)
     if not any(path.iterdir()):
@@ -45,7 +54,9 @@ def _dispatch(path: Path) -> Dump:
     raise DumpFormatError(
         path,
         "unknown dump layout: no native manifest, no msprobe dump.json "
-        f"(step*/rank*|proc*/), no {_suffixes()} files",
+        f"(step*/rank*|proc*/), no ATB atb_dump_data/data/<device>_<pid>/<round>/, "
+        "no MindSpore rank_<r>/<net>/<graph>/<iteration>/, "
+        f"no {_suffixes()} files",
     )
 
 

@@ -13,7 +13,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from .._errors import DumpFormatError
 from ..numerics._dtypes import dtype_name
 from ..numerics._stats import TensorStats
 from ._records import Dump, Record
-from ._safe_io import load_npy, load_pt_tensor, read_json
+from ._safe_io import MAX_NESTING, TOO_DEEP, load_npy, load_pt_tensor, read_json
 
 FORMAT = "msprobe"
 DATA_DIR = "dump_tensor_data"
@@ -119,7 +119,7 @@ def _read_rank(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any], li
         kind, op, module = _parse_name(name)
         if kind != "Module":
             module = _enclosing_module(name, construct)
-        for slot, leaf in _slots(name, call):
+        for slot, leaf in _slots(name, call, dump_json):
             records.append(
                 _record(
                     data_files,
@@ -175,31 +175,39 @@ def _enclosing_module(name: str, construct: Mapping[str, str | None]) -> str | N
     return None
 
 
-def _slots(name: str, call: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+def _slots(name: str, call: Mapping[str, Any], source: Path) -> list[tuple[str, Any]]:
     """``(slot, leaf)`` for every value of one call; ``parameters_grad`` entries are parameters."""
+    found: list[tuple[str, Any]] = []
     if ".parameters_grad" in name:
         for param, value in call.items():
-            yield from _walk(f"parameters.{param}", value)
-        return
+            _walk(f"parameters.{param}", value, found, source)
+        return found
     for key, value in call.items():
         prefix = _SLOT_PREFIXES.get(key)
         if prefix is None:
             continue
         if isinstance(value, list) or prefix in ("kwargs", "parameters"):
-            yield from _walk(prefix, value)
+            _walk(prefix, value, found, source)
         else:
-            yield from _walk(f"{prefix}.0", value)
+            _walk(f"{prefix}.0", value, found, source)
+    return found
 
 
-def _walk(slot: str, value: Any) -> Iterator[tuple[str, Any]]:
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _walk(f"{slot}.{i}", item)
-    elif isinstance(value, Mapping) and not _is_leaf(value):
-        for key, item in value.items():
-            yield from _walk(f"{slot}.{key}", item)
-    else:
-        yield slot, value
+def _walk(slot: str, value: Any, found: list[tuple[str, Any]], source: Path) -> None:
+    """Leaves of nested argument lists and dicts, without recursion (depth is bounded)."""
+    stack: list[tuple[str, Any, int]] = [(slot, value, 0)]
+    while stack:
+        slot, value, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise DumpFormatError(source, f"value {slot.split('.')[0]}...: {TOO_DEEP}")
+        if isinstance(value, list):
+            items: list[tuple[str, Any]] = [(f"{slot}.{i}", item) for i, item in enumerate(value)]
+        elif isinstance(value, Mapping) and not _is_leaf(value):
+            items = [(f"{slot}.{key}", item) for key, item in value.items()]
+        else:
+            found.append((slot, value))
+            continue
+        stack.extend((s, v, depth + 1) for s, v in reversed(items))
 
 
 def _is_leaf(value: Mapping[str, Any]) -> bool:

@@ -27,7 +27,7 @@ from .._atomic import atomic_write
 from .._errors import DumpFormatError
 from ..numerics._stats import TensorStats
 from ._records import Dump, Record
-from ._safe_io import load_safetensors_tensor, read_json
+from ._safe_io import TOO_DEEP, load_safetensors_tensor, read_json
 
 FORMAT_NAME = "pytest-precision-dump"
 #: Bumped on any change an older reader would misread; readers refuse versions they do not know.
@@ -294,6 +294,8 @@ def _read_index(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 entry = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DumpFormatError(path, f"line {number}: malformed JSON: {exc}") from None
+            except RecursionError:
+                raise DumpFormatError(path, f"line {number}: {TOO_DEEP}") from None
             if not isinstance(entry, dict):
                 raise DumpFormatError(path, f"line {number}: expected a JSON object")
             yield number, entry
@@ -321,6 +323,8 @@ def _record(
         value = decode_value(entry.get("value"))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise DumpFormatError(where, f"malformed value or statistics: {exc}") from None
+    except RecursionError:
+        raise DumpFormatError(where, f"value or statistics {TOO_DEEP}") from None
     dtype = entry.get("dtype")
     shape = entry.get("shape")
     if shape is not None and not _is_shape(shape):

@@ -22,6 +22,8 @@ from .._errors import DumpFormatError
 from ..numerics._dtypes import dtype_name
 from ._records import Dump, Record
 from ._safe_io import (
+    MAX_NESTING,
+    TOO_DEEP,
     load_npy,
     load_npz_array,
     load_pt,
@@ -80,7 +82,7 @@ def _file_records(file: Path, root: Path) -> Iterator[Record]:
         for key, (shape, dtype_str) in safetensors_header(file).items():
             entries[key] = (dtype_str, shape, functools.partial(load_safetensors_tensor, file, key))
     else:
-        for key, tensor in _pt_tensors(SINGLE_SLOT, load_pt(file)):
+        for key, tensor in _pt_tensors(SINGLE_SLOT, load_pt(file), file):
             loader = functools.partial(_load_pt_member, file, key)
             entries[key.removeprefix(f"{SINGLE_SLOT}.")] = (
                 dtype_name(tensor.dtype),
@@ -94,17 +96,26 @@ def _file_records(file: Path, root: Path) -> Iterator[Record]:
         )
 
 
-def _pt_tensors(prefix: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors inside a loaded ``.pt`` object with their dotted paths; other values are skipped."""
-    if isinstance(value, torch.Tensor):
-        yield prefix, value
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            yield from _pt_tensors(f"{prefix}.{key}", item)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _pt_tensors(f"{prefix}.{i}", item)
+def _pt_tensors(prefix: str, value: Any, file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors inside a loaded ``.pt`` object with their dotted paths; other values are skipped.
+
+    Iterative, with the nesting bounded: a hostile file cannot exhaust the stack."""
+    stack: list[tuple[str, Any, int]] = [(prefix, value, 0)]
+    while stack:
+        prefix, value, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise DumpFormatError(file, TOO_DEEP)
+        if isinstance(value, torch.Tensor):
+            yield prefix, value
+            continue
+        if isinstance(value, Mapping):
+            items = [(f"{prefix}.{key}", item) for key, item in value.items()]
+        elif isinstance(value, (list, tuple)):
+            items = [(f"{prefix}.{i}", item) for i, item in enumerate(value)]
+        else:
+            continue
+        stack.extend((p, v, depth + 1) for p, v in reversed(items))
 
 
 def _load_pt_member(file: Path, key: str) -> torch.Tensor:
-    return dict(_pt_tensors(SINGLE_SLOT, load_pt(file)))[key]
+    return dict(_pt_tensors(SINGLE_SLOT, load_pt(file), file))[key]

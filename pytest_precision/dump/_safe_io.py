@@ -14,6 +14,7 @@ import json
 import os
 import struct
 import threading
+import tokenize
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -27,6 +28,18 @@ from .._errors import DumpFormatError
 from ..numerics._dtypes import dtype_name
 
 _MAX_NPY_HEADER = 10_000
+
+#: What numpy raises on a malformed header (it parses the header with ``ast.literal_eval``) or
+#: a damaged archive.
+_NPZ_ERRORS = (
+    OSError, ValueError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile, EOFError,
+    NotImplementedError,  # zipfile: "compressed patched data"
+)  # fmt: skip
+
+#: How deep the readers follow nested lists / objects of a dump's metadata; real dumps nest a
+#: few levels (an argument list of tuples of tensors), and Python's own stack ends near 1000.
+MAX_NESTING = 100
+TOO_DEEP = f"nested too deeply (more than {MAX_NESTING} levels)"
 
 
 #: safetensors' dtype codes, by the torch dtype name used in records.
@@ -59,6 +72,8 @@ def read_json(path: Path) -> Any:
         raise DumpFormatError(path, "missing") from None
     except json.JSONDecodeError as exc:
         raise DumpFormatError(path, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise DumpFormatError(path, TOO_DEEP) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise DumpFormatError(path, f"cannot be read: {_first_line(exc)}") from None
 
@@ -91,7 +106,7 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype[Any]]:
         with open(path, "rb") as f:
             shape, fortran_order, dtype = _read_npy_header(f)
             data_start = f.tell()
-    except (OSError, ValueError, SyntaxError) as exc:
+    except (OSError, ValueError, SyntaxError, tokenize.TokenError) as exc:
         raise DumpFormatError(path, f"not a valid .npy file: {_first_line(exc)}") from None
     if dtype.hasobject:
         raise DumpFormatError(path, "holds Python objects (pickle); refused")
@@ -154,7 +169,7 @@ def npz_members(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
                 if dtype.hasobject:
                     raise DumpFormatError(path, f"array {info.filename!r} holds Python objects")
                 members[info.filename.removesuffix(".npy")] = (tuple(shape), dtype)
-    except (OSError, ValueError, SyntaxError, zipfile.BadZipFile, EOFError) as exc:
+    except _NPZ_ERRORS as exc:
         raise DumpFormatError(path, f"not a valid .npz archive: {_first_line(exc)}") from None
     return members
 
@@ -163,7 +178,7 @@ def load_npz_array(path: Path, key: str) -> torch.Tensor:
     try:
         with np.load(path, allow_pickle=False) as archive:
             array = archive[key]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
+    except (*_NPZ_ERRORS, KeyError) as exc:
         raise DumpFormatError(path, f"array {key!r} cannot be read: {_first_line(exc)}") from None
     return array_to_tensor(array, path)
 
@@ -179,6 +194,8 @@ def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
             header = json.loads(f.read(header_len))
     except (OSError, struct.error, ValueError) as exc:
         raise DumpFormatError(path, f"not a valid safetensors file: {_first_line(exc)}") from None
+    except RecursionError:
+        raise DumpFormatError(path, f"safetensors header {TOO_DEEP}") from None
     if not isinstance(header, Mapping):
         raise DumpFormatError(path, "safetensors header is not a JSON object")
     tensors: dict[str, tuple[tuple[int, ...], str]] = {}

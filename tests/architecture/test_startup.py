@@ -18,11 +18,13 @@ from pytest_precision import plugin
 
 HEAVY = ("torch", "numpy", "safetensors", "numba")
 
-#: Writes, at the very end of each process of the run, which heavy modules it imported.
+#: Writes, when each process of the run finishes its session, which heavy modules it imported.
+#: (A worker's ``pytest_sessionfinish`` runs before it reports back to the xdist controller; its
+#: ``pytest_unconfigure`` may still be running when the controller's process exits.)
 RECORD_IMPORTS = f"""
 import json, os, sys
 
-def pytest_unconfigure(config):
+def pytest_sessionfinish(session):
     heavy = [name for name in {HEAVY!r} if name in sys.modules]
     with open(f"imported-{{os.getpid()}}.json", "w") as f:
         json.dump(heavy, f)

@@ -136,7 +136,7 @@ def test_noise_names_no_culprit(
 
 # -- dumps users bring: msprobe (fixtures/msprobe/make_dumps.py) -------------------------------
 
-MSPROBE = Path(__file__).resolve().parent.parent / "fixtures" / "msprobe"
+MSPROBE = Path(__file__).resolve().parents[2] / "fixtures" / "msprobe"
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from ._alignment import completion_order
 from ._outputs import OutputJudge, divergence
 from ._provenance import Provenance, home, join
 from ._records import RecordComparer
-from ._results import Cause, Divergence, RecordComparison, is_input
+from ._results import Cause, Divergence, RecordComparison, is_input, layer_of
 
 
 class GuiltJudge:
@@ -131,7 +131,10 @@ class GuiltJudge:
                 f"({worst.name} {worst.slot}) differs by more than reordered rounding "
                 f"(error level {worst.error_level:.3g})"
             )
-            self._found(replace(suspicion.divergence, reason=reason))
+            found = replace(suspicion.divergence, reason=reason)
+            if suspicion.module is not None:  # where the foreign code runs, not its consumer
+                found = replace(found, module=suspicion.module, layer=layer_of(suspicion.module))
+            self._found(found)
 
     def _last_outputs(
         self, key: tuple[int, int, str], target: Call | None
@@ -286,9 +289,11 @@ class GuiltJudge:
         # filed under the module the foreign code runs in, so that it settles at the
         # innermost module holding it; one the target never enters: the consumer's
         key = (target.rank, target.step, runs_in or "")
+        module = runs_in if runs_in and runs_in != target.module else None
         if key not in self.last_in:
-            key = (target.rank, target.step, home(target) or "")
-        self.pending.setdefault(key, _Suspicion(divergence(target, golden, "unmatched", reason, r)))
+            key, module = (target.rank, target.step, home(target) or ""), None
+        found = divergence(target, golden, "unmatched", reason, r)
+        self.pending.setdefault(key, _Suspicion(found, module))
 
     def _is_source(self, record: Record) -> bool:
         """An input that no recorded call produced. In a module-level dump, glue code between
@@ -325,6 +330,8 @@ class _Suspicion:
     """An input out of code only one run has, waiting for what leaves its module."""
 
     divergence: Divergence
+    #: the module the foreign code runs in, when its consumer is elsewhere
+    module: str | None = None
 
 
 def _within(module: str | None, path: str) -> bool:

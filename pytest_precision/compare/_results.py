@@ -188,6 +188,17 @@ class ErrorGrowth:
         """The first layer whose output error exceeds the gross limit."""
         return next((x for x in self.layers if x.error_level > self.gross), None)
 
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready: the limit, where it is first exceeded, every layer."""
+        explodes = self.explodes
+        return {
+            "gross": self.gross,
+            "explodes": None if explodes is None else explodes.layer,
+            "layers": [
+                {**vars(x), "error_level": _finite_or_text(x.error_level)} for x in self.layers
+            ],
+        }
+
 
 @dataclass(frozen=True)
 class UnmatchedCall:

@@ -347,6 +347,9 @@ def _first_index_of(
     a, e = flat_a[start:stop], flat_e[start:stop]
     a, e = chunk_of(a, 0, a.numel()), chunk_of(e, 0, e.numel())
     finite = torch.isfinite(a) & torch.isfinite(e)
+    if best == 0.0:  # no error anywhere (identical blocks): the first finite element
+        first = torch.nonzero(finite)
+        return start + int(first[0, 0]) if first.numel() else None
     all_finite = bool(finite.all())
     err = work.errors(a, e, None if all_finite else finite)
     per_element = (err.abs_err, err.rel_err)[column]

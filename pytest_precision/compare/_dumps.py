@@ -84,10 +84,8 @@ def compare_dumps(
         for part, collective in lockstep([walk for _, (walk, _) in step_segments]):
             compared = [records.compare_call(g, t) if g is not None else [] for g, t in part]
             # what the ranks fed into a collective reaches every rank's output of it
-            received = max(
-                (r.error_level for rows in compared for r in rows if is_input(r.slot)),
-                default=0.0,
-            )
+            fed = (r.error_level for rows in compared for r in rows if is_input(r.slot))
+            received = max(fed, default=0.0) if collective else 0.0
             for (g, t), rows in zip(part, compared, strict=True):
                 if g is None:
                     result.unmatched.extend(_unmatched("target", [t]))
@@ -96,7 +94,7 @@ def compare_dumps(
                 else:
                     result.matched_calls += 1
                     result.records.extend(rows)
-                    judge.judge_call(g, t, rows, received if collective else 0.0)
+                    judge.judge_call(g, t, rows, received)
                 done += 1
                 if progress is not None:
                     progress(done, total)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from ..dump._records import Call, Dump, Record
 from ..numerics._dtypes import dtype_from_name
@@ -96,7 +97,7 @@ class GuiltJudge:
             )
         self.provenance.remember(golden, target, compared)
 
-    def unmatched(self, side: str, calls: Sequence[Call]) -> None:
+    def unmatched(self, side: Literal["golden", "target"], calls: Sequence[Call]) -> None:
         """Calls only one run makes: the target's are walked like the others."""
         for call in calls:
             self.foreign.setdefault((call.rank, call.step), []).append(

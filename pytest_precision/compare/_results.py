@@ -154,7 +154,8 @@ class Divergence:
     reason: str
     #: the failing record that convicts the call (an output, or the drifting source input)
     record: RecordComparison
-    rule: Rule = "clean inputs"
+    #: the rule that convicted
+    rule: Rule
     #: how the error grew after the culprit, layer by layer
     growth: ErrorGrowth | None = None
 

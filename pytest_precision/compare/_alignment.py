@@ -11,7 +11,7 @@ and the shapes of its outputs (a fused QKV projection does not pair with ``q_pro
 from __future__ import annotations
 
 import difflib
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 from ..dump._records import Call
 
@@ -102,3 +102,36 @@ def _inside(call: Call, module_call: Call) -> bool:
     if call.kind == "Module":  # the same module called again is a sibling, not a child
         return path.startswith(module + ".") or (module == "" and path != "")
     return module == "" or path == module or path.startswith(module + ".")
+
+
+def lockstep(walks: list[list[tuple[Call | None, Call]]]) -> Iterator[tuple[WalkPart, bool]]:
+    """The aligned walks of one step's ranks, in judging order: every rank's calls up to its
+    next collective (``False``), then that collective on every rank together (``True``).
+    A collective spreads one rank's error to all: the calls that fed it, on every rank, are
+    judged before any rank's output of it."""
+    epochs = [_epochs(walk) for walk in walks]
+    for k in range(max((len(e) for e in epochs), default=0)):
+        for e in epochs:
+            if k < len(e) and e[k][0]:
+                yield e[k][0], False
+        together = [pair for e in epochs if k < len(e) and (pair := e[k][1]) is not None]
+        if together:
+            yield together, True
+
+
+#: aligned pairs of a walk, in order
+WalkPart = list[tuple[Call | None, Call]]
+
+
+def _epochs(walk: WalkPart) -> list[tuple[WalkPart, tuple[Call, Call] | None]]:
+    """A rank's walk cut at each matched collective: (the calls before it, the collective)."""
+    out: list[tuple[WalkPart, tuple[Call, Call] | None]] = []
+    before: WalkPart = []
+    for g, t in walk:
+        if g is not None and t.kind == "Distributed":
+            out.append((before, (g, t)))
+            before = []
+        else:
+            before.append((g, t))
+    out.append((before, None))
+    return out

@@ -6,8 +6,10 @@ guilt judged in :mod:`._guilt`. The rules and their causes: ``docs/compare.md``.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -17,12 +19,13 @@ from ..dump._load import as_dump
 from ..dump._records import Call, Dump
 from ..numerics._comparison import resolve_standard
 from ..numerics._standards import Reference, Standard, StandardName
-from ._alignment import align
+from ._alignment import Segment, align, lockstep
+from ._growth import error_growth
 from ._guilt import GuiltJudge
 from ._precision import RunPrecision
 from ._provenance import Provenance
 from ._records import RecordComparer
-from ._results import DumpComparison, UnmatchedCall
+from ._results import DumpComparison, UnmatchedCall, is_input
 
 
 def compare_dumps(
@@ -70,29 +73,47 @@ def compare_dumps(
     result = DumpComparison(golden_dump, target_dump, [], None)
     total = sum(len(walk) for walk, _ in segments.values())
     done = 0
-    for (step, rank), (walk, golden_only) in segments.items():
-        result.unmatched.extend(_unmatched("golden", golden_only))
-        provenance.remember_golden_only(golden_only)
-        if not any(g is not None for g, _ in walk):
-            side = "target" if walk else "golden"
-            result.one_sided.append((side, step, rank, len(walk) or len(golden_only)))
-        for g, t in walk:
-            if g is None:
-                result.unmatched.extend(_unmatched("target", [t]))
-                provenance.remember_unmatched(t)
-                judge.track(t)
-            else:
-                result.matched_calls += 1
-                compared = records.compare_call(g, t)
-                result.records.extend(compared)
-                judge.judge_call(g, t, compared)
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    result.first_divergence = judge.first_divergence()
+    for step_segments in _by_step(segments):
+        for (step, rank), (walk, golden_only) in step_segments:
+            result.unmatched.extend(_unmatched("golden", golden_only))
+            provenance.remember_golden_only(golden_only)
+            judge.unmatched("golden", golden_only)
+            if not any(g is not None for g, _ in walk):
+                side = "target" if walk else "golden"
+                result.one_sided.append((side, step, rank, len(walk) or len(golden_only)))
+        for part, collective in lockstep([walk for _, (walk, _) in step_segments]):
+            compared = [records.compare_call(g, t) if g is not None else [] for g, t in part]
+            # what the ranks fed into a collective reaches every rank's output of it
+            fed = (r.error_level for rows in compared for r in rows if is_input(r.slot))
+            received = max(fed, default=0.0) if collective else 0.0
+            for (g, t), rows in zip(part, compared, strict=True):
+                if g is None:
+                    result.unmatched.extend(_unmatched("target", [t]))
+                    provenance.remember_unmatched(t)
+                    judge.unmatched("target", [t])
+                else:
+                    result.matched_calls += 1
+                    result.records.extend(rows)
+                    judge.judge_call(g, t, rows, received)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+    found = judge.first_divergence()
+    if found is not None:
+        growth = error_growth(result.records, found, judge.outputs.gross_limit(found.record))
+        found = replace(found, growth=growth)
+    result.first_divergence = found
     result.unverified = judge.unverified
     result.inputs_diverged = judge.inputs_diverged
     return result
+
+
+def _by_step(
+    segments: dict[tuple[int, int], Segment],
+) -> Iterator[list[tuple[tuple[int, int], Segment]]]:
+    """The segments of each step, in rank order (``segments`` is in step, then rank order)."""
+    for _, group in itertools.groupby(segments.items(), key=lambda item: item[0][0]):
+        yield list(group)
 
 
 def _unmatched(side: Literal["golden", "target"], calls: Iterable[Call]) -> Iterator[UnmatchedCall]:

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from ..dump._records import Call, Dump, Record
 from ..numerics._dtypes import dtype_from_name
 from ._alignment import completion_order
 from ._outputs import OutputJudge, divergence
-from ._provenance import Provenance, join
-from ._records import RecordComparer, is_input
-from ._results import Divergence, RecordComparison
+from ._provenance import Provenance, home, join
+from ._records import RecordComparer
+from ._results import Cause, Divergence, RecordComparison, is_input, layer_of
 
 
 class GuiltJudge:
@@ -47,6 +48,12 @@ class GuiltJudge:
         self.strong: Divergence | None = None
         self.weak: Divergence | None = None
         self.inputs_diverged: Divergence | None = None
+        #: the last target call inside each module (and its ancestors), by (rank, step, path)
+        self.last_in: dict[tuple[int, int, str], Call] = {}
+        #: per (rank, step), in walk order: calls only one run makes, then the judged ops
+        #: whose output failed, as (name, module); a guilty module names one inside it
+        self.foreign: dict[tuple[int, int], list[tuple[str, str | None]]] = {}
+        self.failing_ops: dict[tuple[int, int], list[tuple[str, str | None]]] = {}
         #: the golden's calls by (step, rank), each in completion order
         by_step_rank: dict[tuple[int, int], list[Call]] = {}
         for call in golden.calls:
@@ -65,22 +72,46 @@ class GuiltJudge:
             self._settle(key, None)
         return self.strong or self.weak
 
-    def judge_call(self, golden: Call, target: Call, compared: list[RecordComparison]) -> None:
+    def judge_call(
+        self,
+        golden: Call,
+        target: Call,
+        compared: list[RecordComparison],
+        received: float = 0.0,
+    ) -> None:
         """Judge one aligned call (until a strong culprit is found), then remember what it
-        produced."""
+        produced. ``received``: for a collective, the error the ranks' inputs to it carry."""
         for key in list(self.pending):
-            if key[:2] != (target.rank, target.step) or not _within(target.module, key[2]):
+            rank, step, path = key
+            # a step's ranks are walked in lockstep: another rank's call leaves nothing
+            if step != target.step or (rank == target.rank and not _within(target.module, path)):
                 self._settle(key, None)  # the walk left the module: its last outputs decide
         if self.strong is None and self.inputs_diverged is None:
-            self._found(self._verdict(golden, target, compared))
+            self._found(self._verdict(golden, target, compared, received))
         self.track(target)
+        if target.kind != "Module" and any(
+            r.failed for r in compared if r.slot.startswith("output")
+        ):
+            self.failing_ops.setdefault((target.rank, target.step), []).append(
+                (target.name, target.module)
+            )
         self.provenance.remember(golden, target, compared)
 
+    def unmatched(self, side: Literal["golden", "target"], calls: Sequence[Call]) -> None:
+        """Calls only one run makes: the target's are walked like the others."""
+        for call in calls:
+            self.foreign.setdefault((call.rank, call.step), []).append(
+                (f"{call.name} (only the {side} makes it)", call.module)
+            )
+            if side == "target":
+                self.track(call)
+
     def track(self, target: Call) -> None:
-        """The last target call inside each suspected module, matched or not."""
-        for key, suspicion in self.pending.items():
-            if key[:2] == (target.rank, target.step) and _within(target.module, key[2]):
-                suspicion.last = target
+        """The last target call inside each module, matched or not: what leaves it."""
+        path: str | None = target.module or ""  # a call with no module runs in the root
+        while path is not None:
+            self.last_in[(target.rank, target.step, path)] = target
+            path = path.rpartition(".")[0] if path else None
 
     def _found(self, found: Divergence | None) -> None:
         if found is not None and found.cause in _WEAK:
@@ -92,7 +123,7 @@ class GuiltJudge:
         """Judge a suspicion of code only one run has by what left its module: the module's
         own outputs, or (without module records) the outputs of the last call inside it."""
         suspicion = self.pending.pop(key)
-        leaving = self._last_outputs(key, suspicion.last) if outputs is None else outputs
+        leaving = self._last_outputs(key, self.last_in.get(key)) if outputs is None else outputs
         differing = [r for r in leaving if self.outputs.code_difference(r)]
         if differing:
             worst = max(differing, key=lambda r: r.error_level)
@@ -101,7 +132,10 @@ class GuiltJudge:
                 f"({worst.name} {worst.slot}) differs by more than reordered rounding "
                 f"(error level {worst.error_level:.3g})"
             )
-            self._found(replace(suspicion.divergence, reason=reason))
+            found = replace(suspicion.divergence, reason=reason)
+            if suspicion.module is not None:  # where the foreign code runs, not its consumer
+                found = replace(found, module=suspicion.module, layer=layer_of(suspicion.module))
+            self._found(found)
 
     def _last_outputs(
         self, key: tuple[int, int, str], target: Call | None
@@ -121,7 +155,7 @@ class GuiltJudge:
         ]
 
     def _verdict(
-        self, golden: Call, target: Call, compared: list[RecordComparison]
+        self, golden: Call, target: Call, compared: list[RecordComparison], received: float
     ) -> Divergence | None:
         for r in compared:
             if r.slot.startswith("parameters"):
@@ -143,8 +177,40 @@ class GuiltJudge:
             self.provenance.note_noise(target, inputs, compared)
             return None
         if target.kind == "Module" and self.provenance.op_level:
-            return None  # the ops inside it were judged one by one
-        return self.outputs.judge(golden, target, inputs, failing)
+            return self._judge_module(golden, target, inputs, failing)
+        return self.outputs.judge(golden, target, inputs, failing, received)
+
+    def _judge_module(
+        self,
+        golden: Call,
+        target: Call,
+        inputs: list[RecordComparison],
+        failing: list[RecordComparison],
+    ) -> Divergence | None:
+        """The ops inside were judged one by one and none was guilty; but if the module
+        received exactly the golden's inputs and weights and what leaves it differs beyond
+        reordered rounding, the error was made inside it: code only one run has, or ops whose
+        own errors each passed for rounding. The walk is in completion order, so the first
+        module that qualifies is the innermost."""
+        if self.provenance.received_level(target, inputs) > 0.0:
+            return None
+        dirty = [r for r in failing if self.outputs.code_difference(r)]
+        if not dirty:
+            return None
+        worst = max(dirty, key=lambda r: r.error_level)
+        key = (target.rank, target.step)
+        foreign = [n for n, m in self.foreign.get(key, []) if _within(m, target.module or "")]
+        ops = [n for n, m in self.failing_ops.get(key, []) if _within(m, target.module or "")]
+        if foreign:
+            inside = f"code only one run has inside it, first {foreign[0]}"
+        else:
+            inside = f"first failing op inside it: {ops[0]}" if ops else "no op inside recorded"
+        reason = (
+            f"its inputs and weights match the golden exactly, {worst.slot} differs beyond "
+            f"reordered rounding ({worst.reason}); {inside}"
+        )
+        cause: Cause = "unmatched" if foreign else "output"
+        return divergence(target, golden, cause, reason, worst, "module with clean inputs")
 
     def _judge_inputs(
         self, golden: Call, target: Call, inputs: list[RecordComparison]
@@ -211,22 +277,24 @@ class GuiltJudge:
         or an equivalent rewrite (a fused kernel) whose rounding the next calls amplified.
         The module around it decides: its output differs beyond rounding, or it does not."""
         if stranger is not None:
-            where = f"comes from {stranger}, a call the golden does not make"
+            where = f"comes from {stranger[0]}, a call the golden does not make"
+            runs_in = stranger[1]
         else:
             assert lost is not None
-            module = self.provenance.golden_only.get(lost[0])
-            inside = f" (in {module})" if module else ""
+            runs_in = self.provenance.golden_only.get(lost[0])
+            inside = f" (in {runs_in})" if runs_in else ""
             where = (
                 f"is, in the golden, {lost[0]}'s {lost[1]}{inside}, a call the target does not make"
             )
         reason = f"{r.slot} {where}, and differs beyond rounding from the golden's ({r.reason})"
-        module = target.module or ""
-        if target.kind == "Module":
-            module = module.rpartition(".")[0]
-        self.pending.setdefault(
-            (target.rank, target.step, module),
-            _Suspicion(divergence(target, golden, "unmatched", reason, r)),
-        )
+        # filed under the module the foreign code runs in, so that it settles at the
+        # innermost module holding it; one the target never enters: the consumer's
+        key = (target.rank, target.step, runs_in or "")
+        module = runs_in if runs_in and runs_in != target.module else None
+        if key not in self.last_in:
+            key, module = (target.rank, target.step, home(target) or ""), None
+        found = divergence(target, golden, "unmatched", reason, r)
+        self.pending.setdefault(key, _Suspicion(found, module))
 
     def _is_source(self, record: Record) -> bool:
         """An input that no recorded call produced. In a module-level dump, glue code between
@@ -263,12 +331,15 @@ class _Suspicion:
     """An input out of code only one run has, waiting for what leaves its module."""
 
     divergence: Divergence
-    #: the last target call inside the module so far
-    last: Call | None = None
+    #: the module the foreign code runs in, when its consumer is elsewhere
+    module: str | None = None
 
 
 def _within(module: str | None, path: str) -> bool:
-    return module is not None and (not path or module == path or module.startswith(path + "."))
+    """A call in ``module`` runs inside ``path``; a call with no module is in the root."""
+    if not path:
+        return True
+    return module is not None and (module == path or module.startswith(path + "."))
 
 
 #: Causes that are reported only when no other call is guilty.

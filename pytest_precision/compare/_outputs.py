@@ -17,7 +17,7 @@ from ..rerun._ops import NotReplayable
 from ..rerun._recompute import Rerun
 from ._precision import RunPrecision
 from ._provenance import Provenance
-from ._results import Cause, Divergence, RecordComparison, StatsComparison, layer_of
+from ._results import Cause, Divergence, RecordComparison, Rule, StatsComparison, layer_of
 
 #: A drifting call that cannot be rerun is suspected only when its output's error level exceeds
 #: this many times its inputs'. Rounding noise amplifies less: bf16 and fp16 runs of the tiny
@@ -36,6 +36,11 @@ REORDERED_ROUNDING = {
 }
 
 
+#: The dtype's gross-error limit: what leaves a layer this far off is no longer the golden's
+#: output in any precision (ten times reordered rounding).
+GROSS = {dtype: 10 * level for dtype, level in REORDERED_ROUNDING.items()}
+
+
 class OutputJudge:
     """The rerun, rounding and amplification rules: whether what a call produced differs by
     more than rounding. Notes the calls it could not check (``unverified``)."""
@@ -51,13 +56,14 @@ class OutputJudge:
         target: Call,
         inputs: list[RecordComparison],
         failing: list[RecordComparison],
+        received: float = 0.0,
     ) -> Divergence | None:
         """An output fails: guilty if the call added error of its own. A rerun in float64 from
         the target's own recorded inputs tells; without one, exactly matching inputs convict
         an output beyond rounding, and drifting inputs convict (weakly) only if the call
-        amplified their error."""
+        amplified their error. ``received``: the error other ranks fed into a collective."""
         worst = max(failing, key=lambda r: r.error_level)
-        before = self.provenance.input_level(target, inputs)
+        before = max(self.provenance.input_level(target, inputs), received)
         try:
             rerun = Rerun(target) if target.kind != "Module" else None
         except NotReplayable as exc:
@@ -147,22 +153,28 @@ class OutputJudge:
         return judge_rounding(t_tensor, g_tensor.double(), r.metrics.dtype).verdict == "fail"
 
     def code_difference(self, r: RecordComparison) -> bool:
-        """A failing output that differs by more than reordered rounding: a relative RMS error
-        above a tenth of the dtype's gross-error limit (bf16 0.05, fp16 0.01, fp32 0.001).
-        Equivalent rewrites (a fused kernel, another op order) stay far below it."""
+        """A failing output that differs by more than reordered rounding (relative RMS error;
+        the largest statistic's difference without data). Equivalent rewrites (a fused kernel,
+        another op order) stay far below it."""
         if not r.failed:
             return False
         if not isinstance(r.metrics, (TensorComparison, StatsComparison)):
             return True
-        golden = dtype_from_name(r.golden_dtype or r.target_dtype)
-        target = dtype_from_name(r.target_dtype or r.golden_dtype)
-        dtype = self.precision.judging_dtype(golden, target)
         level = (
             r.metrics.largest_difference
             if isinstance(r.metrics, StatsComparison)
             else r.error_level
         )
-        return level > REORDERED_ROUNDING.get(dtype, REORDERED_ROUNDING[torch.float32])
+        return level > REORDERED_ROUNDING.get(self._dtype(r), REORDERED_ROUNDING[torch.float32])
+
+    def gross_limit(self, r: RecordComparison) -> float:
+        """The gross-error limit of the dtype ``r`` is judged in."""
+        return GROSS.get(self._dtype(r), GROSS[torch.float32])
+
+    def _dtype(self, r: RecordComparison) -> torch.dtype:
+        golden = dtype_from_name(r.golden_dtype or r.target_dtype or "float32")
+        target = dtype_from_name(r.target_dtype or r.golden_dtype or "float32")
+        return self.precision.judging_dtype(golden, target)
 
     def _slipped(self, r: RecordComparison) -> bool:
         """A floating dtype the run's precision does not explain (bf16 in an fp32 run)."""
@@ -174,9 +186,18 @@ class OutputJudge:
 
 
 def divergence(
-    target: Call, golden: Call, cause: Cause, reason: str, record: RecordComparison
+    target: Call,
+    golden: Call,
+    cause: Cause,
+    reason: str,
+    record: RecordComparison,
+    rule: Rule | None = None,
 ) -> Divergence:
-    """The target's call as the culprit, for ``cause``."""
+    """The target's call as the culprit, for ``cause``, by ``rule`` (by default the rule that
+    gives that cause)."""
+    if rule is None:
+        module = target.kind == "Module" and cause == "output"
+        rule = "module with clean inputs" if module else _RULES[cause]
     return Divergence(
         name=target.name,
         golden_name=golden.name,
@@ -187,4 +208,15 @@ def divergence(
         cause=cause,
         reason=reason,
         record=record,
+        rule=rule,
     )
+
+
+_RULES: dict[Cause, Rule] = {
+    "source": "source",
+    "wiring": "wiring",
+    "unmatched": "code only one run has",
+    "output": "clean inputs",
+    "rerun": "float64 rerun",
+    "amplification": "amplification",
+}

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..dump._records import Call, Record
 from ..numerics._stats import TensorStats
-from ._results import RecordComparison
+from ._results import RecordComparison, StatsComparison, is_input
 
 #: Content identity within one rank of one dump.
 _Key = tuple[int, tuple[object, ...] | None]
@@ -30,9 +30,15 @@ class Provenance:
         self.op_level = any(c.kind != "Module" for c in target_calls)
         self.produced: dict[_Key, list[RecordComparison]] = {}
         self.golden_produced: dict[_Key, set[tuple[str, str]]] = {}
-        #: calls only the golden makes: name -> module path
+        #: calls only the golden makes: name -> the module it runs in
         self.golden_only: dict[str, str | None] = {}
-        self.unmatched_outputs: dict[_Key, str] = {}
+        #: outputs of calls only the target makes: content -> (call name, module it runs in)
+        self.unmatched_outputs: dict[_Key, tuple[str, str | None]] = {}
+        #: contents an ``empty*`` allocation returned: not data until something writes them
+        self.allocated: set[_Key] = set()
+        #: statistics-only contents whose statistics matched while their producer's inputs or
+        #: outputs drifted: the error level they inherit (four statistics miss a permutation)
+        self.inherited: dict[_Key, float] = {}
         #: the module parameters of the target by content, to name the weight an op received
         self.parameters = {
             (c.rank, fingerprint): join(c.module, r.slot.removeprefix("parameters."))
@@ -52,7 +58,7 @@ class Provenance:
         """Calls only the golden makes: a target input whose golden counterpart came from one
         of them was wired differently (an op or residual the target lost)."""
         for call in calls:
-            self.golden_only[call.name] = call.module
+            self.golden_only[call.name] = home(call)
             self._remember_golden(call)
 
     def remember_unmatched(self, target: Call) -> None:
@@ -60,18 +66,36 @@ class Provenance:
         for record in target.outputs:
             fingerprint = fingerprint_of(record)
             if fingerprint is not None:
-                self.unmatched_outputs.setdefault((target.rank, fingerprint), target.name)
+                key = (target.rank, fingerprint)
+                self.unmatched_outputs.setdefault(key, (target.name, home(target)))
+
+    def remember_uninitialized(self, target: Call) -> None:
+        """What an ``empty*`` call returned: uninitialized memory, on both sides."""
+        for record in target.outputs:
+            fingerprint = fingerprint_of(record)
+            if fingerprint is not None:
+                self.allocated.add((target.rank, fingerprint))
+
+    def uninitialized(self, rank: int, record: Record | None) -> bool:
+        """The content an ``empty*`` call returned, not yet written."""
+        fingerprint = fingerprint_of(record)
+        return fingerprint is not None and (rank, fingerprint) in self.allocated
 
     def remember(self, golden: Call, target: Call, compared: list[RecordComparison]) -> None:
         """What an aligned pair produced, with how the target's outputs compared."""
         if target.kind == "Module" and self.op_level:
             return  # a module's output is its last op's: the op is the producer
         by_slot = {r.slot: r for r in compared}
+        received = self.received_level(target, [r for r in compared if is_input(r.slot)])
         for record in target.outputs:
             fingerprint = fingerprint_of(record)
             if fingerprint is not None and record.slot in by_slot:
                 key = (target.rank, fingerprint)
-                self.produced.setdefault(key, []).append(by_slot[record.slot])
+                r = by_slot[record.slot]
+                self.produced.setdefault(key, []).append(r)
+                level = max(received, r.error_level)
+                if isinstance(r.metrics, StatsComparison) and level > 0.0:
+                    self.inherited[key] = max(self.inherited.get(key, 0.0), level)
         self._remember_golden(golden)
 
     def _remember_golden(self, golden: Call) -> None:
@@ -98,8 +122,8 @@ class Provenance:
         """The golden's (call name, slot) pairs that produced this content."""
         return self.golden_produced.get((rank, fingerprint_of(record)))
 
-    def unmatched_producer(self, rank: int, record: Record) -> str | None:
-        """The call only the target makes that produced this content."""
+    def unmatched_producer(self, rank: int, record: Record) -> tuple[str, str | None] | None:
+        """The call only the target makes that produced this content, with its module."""
         return self.unmatched_outputs.get((rank, fingerprint_of(record)))
 
     def lost_producers(self, expected: set[tuple[str, str]] | None) -> list[tuple[str, str]]:
@@ -119,12 +143,29 @@ class Provenance:
     def input_level(self, target: Call, inputs: list[RecordComparison]) -> float:
         """How far a call's inputs are from the golden's: for a module, the weights inside it
         and the rounding its children introduced count too."""
-        level = max((r.error_level for r in inputs), default=0.0)
+        level = self.received_level(target, inputs)
         if target.kind == "Module":
-            inside = _inside_paths(target.rank, target.module or "")
-            for levels in (self.parameter_levels, self.noise_origins):
-                level = max(level, max((v for k, v in levels.items() if inside(k)), default=0.0))
+            level = max(level, self._inside(self.noise_origins, target))
         return level
+
+    def received_level(self, target: Call, inputs: list[RecordComparison]) -> float:
+        """How far what a call received is from the golden's: its inputs (a statistics match
+        inherits its producer's drift) and, for a module, the weights inside it."""
+        records = {r.slot: r for r in target.records}
+        level = 0.0
+        for r in inputs:
+            own = r.error_level
+            if own == 0.0 and isinstance(r.metrics, StatsComparison):
+                key = (target.rank, fingerprint_of(records.get(r.slot)))
+                own = self.inherited.get(key, 0.0)  # type: ignore[arg-type]
+            level = max(level, own)
+        if target.kind == "Module":
+            level = max(level, self._inside(self.parameter_levels, target))
+        return level
+
+    def _inside(self, levels: dict[tuple[int, str], float], target: Call) -> float:
+        inside = _inside_paths(target.rank, target.module or "")
+        return max((v for k, v in levels.items() if inside(k)), default=0.0)
 
     def note_noise(
         self, target: Call, inputs: list[RecordComparison], compared: list[RecordComparison]
@@ -167,6 +208,13 @@ def _inside_paths(rank: int, module: str) -> Callable[[tuple[int, str]], bool]:
     return lambda key: (
         key[0] == rank and (not module or key[1] == module or key[1].startswith(prefix))
     )
+
+
+def home(call: Call) -> str | None:
+    """The module a call runs in: an op's module, a module call's parent."""
+    if call.kind != "Module" or call.module is None:
+        return call.module
+    return call.module.rpartition(".")[0]
 
 
 def join(module: str | None, name: str) -> str:

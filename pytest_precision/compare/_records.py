@@ -20,10 +20,13 @@ from ..numerics._standards import Standard, StandardName
 from ..numerics._stats import TensorStats
 from ._precision import RunPrecision
 from ._provenance import Provenance
-from ._results import RecordComparison, StatsComparison, Status
+from ._results import RecordComparison, StatsComparison, Status, is_input
 
 #: Weights of a run that keeps its dtypes: their statistics agree up to summation order.
 _SAME_SUM = 1e-12
+
+#: Ops that allocate memory without writing it.
+_ALLOCATIONS = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
 
 
 class RecordComparer:
@@ -58,6 +61,7 @@ class RecordComparer:
             out.append(self.compare_record(golden, target, g, t))
         for g in golden_slots.values():
             out.append(_row(golden, target, g.slot, "fail", "only the golden has this slot", g))
+        out = self._skip_uninitialized(target, out)
         outputs = [r for r in out if r.slot.startswith("output")]
         if outputs and not any(r.failed for r in outputs):
             identical = all(r.error_level == 0.0 for r in outputs)
@@ -65,6 +69,25 @@ class RecordComparer:
         if any(r.failed for r in out):
             self.failing_steps.add(target.step)
         return out
+
+    def _skip_uninitialized(
+        self, target: Call, out: list[RecordComparison]
+    ) -> list[RecordComparison]:
+        """``empty*`` allocates without writing: its output is whatever the memory held, and
+        so is the input of the call that fills it in place (a grouped MoE matmul's ``out=``).
+        Neither is data: comparing them convicts the allocation."""
+        if target.op in _ALLOCATIONS:
+            self.provenance.remember_uninitialized(target)
+        records = {r.slot: r for r in target.records}
+        return [
+            replace(r, status="skip", reason="uninitialized memory (an empty* allocation)")
+            if (r.slot.startswith("output") and target.op in _ALLOCATIONS)
+            or (
+                is_input(r.slot) and self.provenance.uninitialized(target.rank, records.get(r.slot))
+            )
+            else r
+            for r in out
+        ]
 
     def compare_record(
         self, golden: Call, target: Call, g: Record | None, t: Record
@@ -113,6 +136,10 @@ class RecordComparer:
         g_dtype, t_dtype = _float_dtype(g.value), _float_dtype(t.value)
         if g_dtype and t_dtype and self.precision.expects(g_dtype, t_dtype):
             return _row(golden, target, t.slot, "warn", f"dtype {reason}", g, t)
+        run_dtype = self.precision.target
+        if self.precision.crosses and run_dtype and _in_dtype(g.value, t.value, run_dtype):
+            why = f"{reason} (the golden's value in {dtype_name(run_dtype)})"
+            return _row(golden, target, t.slot, "warn", why, g, t)
         return _row(golden, target, t.slot, "fail", reason, g, t)
 
     def _judge_records(
@@ -202,11 +229,6 @@ def _equivalent_spelling(r: RecordComparison, identical: bool) -> RecordComparis
     return replace(r, status="warn", reason=f"{r.reason} (the outputs match: the same call)")
 
 
-def is_input(slot: str) -> bool:
-    """A slot the call received: a positional or keyword argument."""
-    return slot.startswith(("input", "kwargs"))
-
-
 def _row(
     golden: Call,
     target: Call,
@@ -240,7 +262,8 @@ def _stats_difference(golden: TensorStats, target: TensorStats) -> StatsComparis
     scale = rms if rms > 0 and math.isfinite(rms) else 1.0
 
     def relative(a: float, b: float, denominator: float) -> float:
-        if math.isnan(a) and math.isnan(b):
+        # an overflowing reduction (msprobe sums in the tensor's dtype) is the same overflow
+        if a == b or (math.isnan(a) and math.isnan(b)):
             return 0.0
         difference = abs(a - b)
         return difference / denominator if math.isfinite(difference) else math.inf
@@ -271,6 +294,19 @@ def _same_value(a: object, b: object) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     return a == b
+
+
+def _in_dtype(golden: object, target: object, dtype: torch.dtype) -> bool:
+    """A float constant the target computed from its own dtype: the golden's value cast to
+    ``dtype``, or saturated to its range (``finfo(dtype).min`` as a mask fill, where the
+    golden's fp32 minimum would round to -inf)."""
+    if not (isinstance(golden, float) and isinstance(target, float) and dtype.is_floating_point):
+        return False
+    info = torch.finfo(dtype)
+    saturated = min(max(golden, info.min), info.max)
+    return any(
+        torch.tensor(v, dtype=torch.float64).to(dtype).item() == target for v in (golden, saturated)
+    )
 
 
 def _float_dtype(value: object) -> torch.dtype | None:

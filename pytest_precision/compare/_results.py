@@ -28,6 +28,22 @@ Status = Literal["pass", "warn", "fail", "skip"]
 Cause = Literal["source", "wiring", "unmatched", "output", "rerun", "amplification"]
 
 
+#: The rule that convicted (``docs/compare.md``): an input from nowhere differs; an input is
+#: another call's output than in the golden; code only one run has changed what leaves its
+#: module; an op with exactly matching inputs; a module with exactly matching inputs and
+#: weights whose output differs beyond reordered rounding; a float64 rerun from the call's own
+#: inputs; a drift the call amplified (weak).
+Rule = Literal[
+    "source",
+    "wiring",
+    "code only one run has",
+    "clean inputs",
+    "module with clean inputs",
+    "float64 rerun",
+    "amplification",
+]
+
+
 @dataclass(frozen=True)
 class StatsComparison:
     """Two statistics summaries compared (a statistics-only dump has nothing else).
@@ -138,10 +154,51 @@ class Divergence:
     reason: str
     #: the failing record that convicts the call (an output, or the drifting source input)
     record: RecordComparison
+    #: the rule that convicted
+    rule: Rule
+    #: how the error grew after the culprit, layer by layer
+    growth: ErrorGrowth | None = None
 
     @property
     def metrics(self) -> TensorComparison | StatsComparison | None:
         return self.record.metrics
+
+
+@dataclass(frozen=True)
+class LayerError:
+    """The error level of what left one layer (or a top-level module) after the culprit."""
+
+    layer: str
+    step: int
+    #: the call whose output is the layer's output
+    name: str
+    error_level: float
+
+
+@dataclass(frozen=True)
+class ErrorGrowth:
+    """The error after the culprit, layer by layer on the culprit's rank: where it starts
+    and where it first exceeds ``gross`` (the dtype's gross-error limit: the output is no
+    longer the golden's within any precision's tolerance)."""
+
+    layers: tuple[LayerError, ...]
+    gross: float
+
+    @property
+    def explodes(self) -> LayerError | None:
+        """The first layer whose output error exceeds the gross limit."""
+        return next((x for x in self.layers if x.error_level > self.gross), None)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready: the limit, where it is first exceeded, every layer."""
+        explodes = self.explodes
+        return {
+            "gross": self.gross,
+            "explodes": None if explodes is None else explodes.layer,
+            "layers": [
+                {**vars(x), "error_level": _finite_or_text(x.error_level)} for x in self.layers
+            ],
+        }
 
 
 @dataclass(frozen=True)
@@ -218,6 +275,11 @@ class DumpComparison:
         from ..report._dumps import write_dump_comparison_csv
 
         write_dump_comparison_csv(self, Path(path))
+
+
+def is_input(slot: str) -> bool:
+    """A slot the call received: a positional or keyword argument."""
+    return slot.startswith(("input", "kwargs"))
 
 
 def layer_of(module: str | None) -> str | None:

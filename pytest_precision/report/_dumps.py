@@ -12,10 +12,13 @@ from .._atomic import atomic_write
 from ..numerics._comparison import TensorComparison
 
 if TYPE_CHECKING:
-    from ..compare._results import Divergence, DumpComparison, RecordComparison
+    from ..compare._results import Divergence, DumpComparison, ErrorGrowth, RecordComparison
 
 #: How many unmatched call names the summary spells out.
 _SHOWN_UNMATCHED = 3
+
+#: How many layers of the error growth the summary spells out.
+_SHOWN_LAYERS = 8
 
 
 def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
@@ -87,10 +90,27 @@ def _divergence_lines(d: Divergence) -> list[str]:
         f"first divergence: {d.name}{renamed}, {where}",
         f"  module: {d.module or '(top level)'}    layer: {d.layer or '(none)'}",
         f"  cause:  {d.cause}: {_clip(d.reason, 400)}",
+        f"  rule:   {d.rule}",
     ]
     if isinstance(d.metrics, TensorComparison):
         lines.append(f"  metrics: {tensor_metrics(d.metrics)}")
+    if d.growth is not None and d.growth.layers:
+        lines.append(f"  growth: {_growth(d.growth)}")
     return lines
+
+
+def _growth(growth: ErrorGrowth) -> str:
+    """Each layer's output error after the culprit, and where it passes the gross limit."""
+    shown = [f"{x.layer} {x.error_level:.3g}" for x in growth.layers[:_SHOWN_LAYERS]]
+    more = len(growth.layers) - _SHOWN_LAYERS
+    path = " -> ".join(shown) + (f" -> ... ({more} more)" if more > 0 else "")
+    explodes = growth.explodes
+    where = (
+        f"exceeds the gross limit {growth.gross:.3g} at {explodes.layer}"
+        if explodes is not None
+        else f"stays below the gross limit {growth.gross:.3g}"
+    )
+    return f"{path}; {where}"
 
 
 def _no_divergence(result: DumpComparison) -> str:
@@ -173,8 +193,10 @@ def _divergence_dict(d: Divergence | None) -> dict[str, object] | None:
         "rank": d.rank,
         "step": d.step,
         "cause": d.cause,
+        "rule": d.rule,
         "reason": d.reason,
         "record": d.record.to_dict(),
+        "growth": None if d.growth is None else d.growth.to_dict(),
     }
 
 

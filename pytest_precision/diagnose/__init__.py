@@ -1,0 +1,1 @@
+"""diagnose: from "the answer changed" to the culprit op in one call (``docs/diagnose.md``)."""

@@ -22,6 +22,8 @@ if typing.TYPE_CHECKING:
         StatsComparison,
         UnmatchedCall,
     )
+    from .diagnose._generation import save_run
+    from .diagnose._results import Diagnosis
     from .dump import Dump, Record, capture, load_dump
     from .golden._golden import Golden, assert_close_to_golden
     from .numerics._assertions import Comparison, assert_close
@@ -71,6 +73,7 @@ if typing.TYPE_CHECKING:
         check_weights_loaded,
         fingerprint_weights,
     )
+    from .plugin._generation import GenerationDiffers, assert_same_generation, diagnose
     from .replay._verdict import ReplayResult, replay_op
     from .runtime._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
 
@@ -80,11 +83,13 @@ __all__ = [
     "ChecklistDiff",
     "Comparison",
     "DeterminismWarning",
+    "Diagnosis",
     "Divergence",
     "Dump",
     "DumpComparison",
     "DumpFormatError",
     "Exact",
+    "GenerationDiffers",
     "Golden",
     "OutputCheckFailed",
     "PrecisionError",
@@ -119,6 +124,7 @@ __all__ = [
     "assert_no_symptoms",
     "assert_same_config",
     "assert_same_environment",
+    "assert_same_generation",
     "assert_score_within",
     "assert_tokens_close",
     "assert_weights_loaded",
@@ -133,6 +139,7 @@ __all__ = [
     "detect_jitter",
     "detect_repetition",
     "detect_symptoms",
+    "diagnose",
     "diff_configs",
     "diff_environment",
     "fingerprint_weights",
@@ -141,6 +148,7 @@ __all__ = [
     "pick_badcases",
     "precision_environment",
     "replay_op",
+    "save_run",
     "seed_all",
     "tensor_stats",
 ]
@@ -156,6 +164,8 @@ _MODULES = {
         "StatsComparison",
         "UnmatchedCall",
     ),
+    ".diagnose._generation": ("save_run",),
+    ".diagnose._results": ("Diagnosis",),
     ".dump": ("Dump", "Record", "capture", "load_dump"),
     ".golden._golden": ("Golden", "assert_close_to_golden"),
     ".numerics._assertions": ("Comparison", "assert_close"),
@@ -205,6 +215,7 @@ _MODULES = {
         "check_weights_loaded",
         "fingerprint_weights",
     ),
+    ".plugin._generation": ("GenerationDiffers", "assert_same_generation", "diagnose"),
     ".replay._verdict": ("ReplayResult", "replay_op"),
     ".runtime._determinism": (
         "DeterminismWarning",
@@ -217,11 +228,17 @@ _MODULE_OF = {name: module for module, names in _MODULES.items() for name in nam
 
 
 def __getattr__(name: str) -> typing.Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
+    if name not in _MODULE_OF:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # later lookups skip this function
+    return _public(name)
+
+
+def _public(name: str) -> typing.Any:
+    """Import a public name's module and cache the name here (later lookups skip
+    ``__getattr__``). The ``diagnose`` folder shares its name with a function: importing the
+    folder set the module as an attribute, so the function is put back after the import."""
+    value = getattr(importlib.import_module(_MODULE_OF[name], __name__), name)
+    globals()[name] = value
     return value
 
 

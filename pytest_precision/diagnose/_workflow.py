@@ -199,9 +199,7 @@ def diagnose(
     page = folder / "report.html"
     with_report = _replace(diagnosis, report=page)
     atomic_write(page, render(with_report).encode())
-    return _replace(
-        with_report, steps=(*with_report.steps, DiagnosisStep("report", str(page)))
-    )
+    return _replace(with_report, steps=(*with_report.steps, DiagnosisStep("report", str(page))))
 
 
 #: The dump folders a diagnosis writes into ``out``.

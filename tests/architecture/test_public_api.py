@@ -8,6 +8,12 @@ import types
 import pytest_precision
 
 EXPECTED = {
+    # diagnose (#14)
+    "Diagnosis",
+    "GenerationDiffers",
+    "assert_same_generation",
+    "diagnose",
+    "save_run",
     "Divergence",
     "DumpComparison",
     "RecordComparison",
@@ -97,3 +103,12 @@ def test_no_undeclared_public_names() -> None:
         and not isinstance(value, (types.ModuleType, __future__._Feature))
     }
     assert public <= set(pytest_precision.__all__)
+
+
+def test_diagnose_is_callable_whichever_is_imported_first() -> None:
+    """The stage folder diagnose/ and the function share a name; either way it calls."""
+    import pytest_precision.diagnose._results  # the folder: Python sets it on the package
+
+    assert callable(pytest_precision.diagnose)
+    assert callable(pytest_precision._public("diagnose"))
+    assert pytest_precision.diagnose.__module__ == "pytest_precision.plugin._generation"

@@ -18,28 +18,61 @@ def build(kind: str, seed: int = 0) -> torch.nn.Module:
     import transformers as tf
 
     torch.manual_seed(seed)
-    common: dict[str, Any] = {"vocab_size": VOCAB, "pad_token_id": 0, "bos_token_id": 1,
-                              "eos_token_id": 2, "initializer_range": 0.5}
+    common: dict[str, Any] = {
+        "vocab_size": VOCAB,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "initializer_range": 0.5,
+    }
     if kind == "llama":
-        config = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=4,
-                                max_position_embeddings=128, **common)
+        config = tf.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=128,
+            **common,
+        )
         model = tf.LlamaForCausalLM(config)
     elif kind == "gpt2":
-        config = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
-                               attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, **common)
+        config = tf.GPT2Config(
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=128,
+            attn_pdrop=0.0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            **common,
+        )
         model = tf.GPT2LMHeadModel(config)
     elif kind == "gemma2":
-        config = tf.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                 max_position_embeddings=128, sliding_window=8,
-                                 **{**common, "initializer_range": 0.1})
+        config = tf.Gemma2Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=128,
+            sliding_window=8,
+            **{**common, "initializer_range": 0.1},
+        )
         model = tf.Gemma2ForCausalLM(config)
     elif kind == "moe":
-        config = tf.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=4,
-                                  num_local_experts=4, num_experts_per_tok=2,
-                                  max_position_embeddings=128, **common)
+        config = tf.MixtralConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=128,
+            **common,
+        )
         model = tf.MixtralForCausalLM(config)
     else:
         raise ValueError(kind)
@@ -61,9 +94,9 @@ PLANT: dict[str, tuple[str, str]] = {
 
 
 class KernelBug(TorchFunctionMode):
-    """A broken kernel in one module of one model: while ``module`` runs, ``func`` returns
-    (a torch function named so) returns its output skewed by ``(1 + size * index)`` along the last axis. Enter it outside the
-    capture (around ``diagnose``), as a patched device kernel would be."""
+    """A broken kernel in one module of one model: while ``module`` runs, the torch function
+    named ``func`` returns its output skewed by ``(1 + size * index / n)`` along the last axis.
+    Enter it outside the capture (around ``diagnose``), as a patched device kernel would be."""
 
     def __init__(self, model: torch.nn.Module, module: str, func: str, size: float) -> None:
         super().__init__()
@@ -101,11 +134,15 @@ class KernelBug(TorchFunctionMode):
 
 @torch.no_grad()
 def brute_force_first_tokens(
-    golden: torch.nn.Module, target: torch.nn.Module, ids: torch.Tensor, n: int,
+    golden: torch.nn.Module,
+    target: torch.nn.Module,
+    ids: torch.Tensor,
+    n: int,
     bug: Callable[[], Any] | None = None,
 ) -> list[int | None]:
     """Greedy tokens of both models by a plain loop of full forwards; the first position per
     row where they differ."""
+
     def tokens(model: torch.nn.Module, ctx: Callable[[], Any] | None) -> torch.Tensor:
         seq = ids
         for _ in range(n):
@@ -115,10 +152,10 @@ def brute_force_first_tokens(
                 with ctx():
                     logits = model(seq).logits
             seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
-        return seq[:, ids.shape[1]:]
+        return seq[:, ids.shape[1] :]
 
     g, t = tokens(golden, None), tokens(target, bug)
     out: list[int | None] = []
     for a, b in zip(g.tolist(), t.tolist(), strict=True):
-        out.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None))
+        out.append(next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None))
     return out

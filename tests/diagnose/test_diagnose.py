@@ -59,8 +59,10 @@ def test_a_planted_kernel_bug_is_found_in_its_module(
     assert d.divergence.module == module, d.summary()
     assert d.divergence.name.split(".")[1] == func
     # the op computes right alone: the skew came from around it
-    assert d.replay is not None and d.replay.verdict == "context"
-    assert d.exported_test is not None and d.exported_test.is_file()
+    assert d.replay is not None
+    assert d.replay.verdict == "context"
+    assert d.exported_test is not None
+    assert d.exported_test.is_file()
     assert [s.name for s in d.steps][:3] == ["config", "weights", "tokens"]
 
 
@@ -74,17 +76,24 @@ def test_logits_that_move_without_flipping_a_token_are_still_a_finding(
     with KernelBug(target, module, func, 0.1):
         d = diagnose(golden, target, ids, max_new_tokens=STEPS, out=tmp_path, devices=["cpu"])
     assert d.first_token == (None, None)
-    assert d.finding == "logprobs" and d.step == 0
-    assert d.divergence is not None and d.divergence.module == module
+    assert d.finding == "logprobs"
+    assert d.step == 0
+    assert d.divergence is not None
+    assert d.divergence.module == module
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma2", pytest.param("moe", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "kind", ["llama", "gpt2", "gemma2", pytest.param("moe", marks=pytest.mark.slow)]
+)
 def test_a_clean_pair_says_no_difference(kind: str, ids: torch.Tensor, tmp_path: Path) -> None:
     golden = build(kind)
     d = diagnose(golden, twin(golden), ids, max_new_tokens=STEPS, out=tmp_path)
-    assert d.finding == "no difference" and d.passed
+    assert d.finding == "no difference"
+    assert d.passed
     assert d.first_token == (None, None)
-    assert d.divergence is None and d.replay is None and d.exported_test is None
+    assert d.divergence is None
+    assert d.replay is None
+    assert d.exported_test is None
     assert d.steps[-1].finding == "tokens and logprobs agree: nothing to localize"
     assert not list(tmp_path.glob("*_dump"))  # stopped before any capture
 
@@ -98,7 +107,8 @@ def test_a_corrupted_weight_is_the_source_and_the_checklist_names_it(
         target.model.layers[0].mlp.down_proj.weight.mul_(3.0)
     d = diagnose(golden, target, ids, max_new_tokens=STEPS, out=tmp_path)
     assert [w.name for w in d.weight_changes] == ["model.layers.0.mlp.down_proj.weight"]
-    assert d.divergence is not None and d.divergence.cause == "source"
+    assert d.divergence is not None
+    assert d.divergence.cause == "source"
     assert d.divergence.module == "model.layers.0.mlp.down_proj"
     assert d.replay is None  # nothing to replay: the input is wrong, not an op
     assert "not replayed" in d.summary()
@@ -113,15 +123,17 @@ def test_a_golden_saved_on_another_machine(ids: torch.Tensor, tmp_path: Path) ->
     with KernelBug(target, module, func, 0.5):
         d = diagnose(saved, target, ids, max_new_tokens=STEPS, out=tmp_path / "d")
     assert list(d.first_token) == [5, 3]
-    assert d.divergence is not None and d.divergence.module == module
-    assert d.environment_diff is not None and not d.environment_diff  # same machine here
+    assert d.divergence is not None
+    assert d.divergence.module == module
+    assert d.environment_diff is not None
+    assert not d.environment_diff
     with pytest.raises(PrecisionInputError, match="other input_ids"):
         diagnose(saved, target, ids[:, :3], max_new_tokens=STEPS, out=tmp_path / "e")
 
 
 def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
     model = build("llama")
-    with pytest.raises(PrecisionInputError, match="torch.nn.Module or a folder"):
+    with pytest.raises(PrecisionInputError, match=r"torch\.nn\.Module or a folder"):
         diagnose("nowhere", model, [[5, 6]], out=tmp_path)
     with pytest.raises(PrecisionInputError, match="integer ids"):
         diagnose(model, model, [[0.5, 1.0]], out=tmp_path)

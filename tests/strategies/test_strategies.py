@@ -38,9 +38,11 @@ def test_every_float_dtype_is_drawn() -> None:
 @FAST
 @given(pst.tensors(dtype=torch.bfloat16, shape=pst.shapes(max_dims=3), min_value=-2, max_value=3))
 def test_values_stay_in_range_and_dtype(x: torch.Tensor) -> None:
-    assert x.dtype == torch.bfloat16 and x.dim() <= 3
+    assert x.dtype == torch.bfloat16
+    assert x.dim() <= 3
     if x.numel():
-        assert float(x.min()) >= -2 and float(x.max()) <= 3
+        assert float(x.min()) >= -2
+        assert float(x.max()) <= 3
 
 
 @FAST
@@ -79,8 +81,10 @@ def test_perturbed_inputs_stay_within_the_recorded_range(tmp_path: Path) -> None
     @given(pst.perturbed_inputs(tmp_path / "d", "Functional.linear.0.forward", scale=0.05))
     def fuzz(inputs: dict[str, torch.Tensor]) -> None:
         moved = inputs["input.0"]
-        assert moved.shape == x.shape and moved.dtype == x.dtype
-        assert float(moved.min()) >= float(x.min()) and float(moved.max()) <= float(x.max())
+        assert moved.shape == x.shape
+        assert moved.dtype == x.dtype
+        assert float(moved.min()) >= float(x.min())
+        assert float(moved.max()) <= float(x.max())
         assert float((moved - x).abs().max()) <= 0.05 * float(x.max() - x.min()) + 1e-6
         torch.nn.functional.linear(moved, inputs["input.1"], inputs.get("input.2"))
 
@@ -89,7 +93,7 @@ def test_perturbed_inputs_stay_within_the_recorded_range(tmp_path: Path) -> None
 
 def test_import_without_hypothesis_says_what_to_install() -> None:
     code = (
-        "import sys; sys.modules['hypothesis'] = None; sys.modules['hypothesis.strategies'] = None\n"
+        "import sys; sys.modules['hypothesis'] = None; sys.modules['hypothesis.strategies'] = None\n"  # noqa: E501
         "import pytest_precision.strategies"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -101,7 +105,8 @@ def test_shapes_are_bounded() -> None:
     @FAST
     @given(pst.shapes(min_dims=1, max_dims=2, min_side=1, max_side=3))
     def check(shape: tuple[int, ...]) -> None:
-        assert 1 <= len(shape) <= 2 and all(1 <= s <= 3 for s in shape)
+        assert 1 <= len(shape) <= 2
+        assert all(1 <= s <= 3 for s in shape)
 
     check()
     assert isinstance(pst.shapes(), st.SearchStrategy)

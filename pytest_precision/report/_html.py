@@ -172,6 +172,25 @@ def diagnosis_html(d: Diagnosis) -> str:
     )
 
 
+def golden_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The session's golden records as flat rows (scalars only; nested values as JSON)."""
+    keys: list[str] = []
+    for record in records:
+        keys += [k for k in record if k not in keys]
+    front = [k for k in ("test", "name", "status", "reason") if k in keys]
+    order = front + [k for k in keys if k not in front]
+    return [
+        {
+            k: _num(v)
+            if isinstance(v, float)
+            else (v if isinstance(v, (str, int, bool)) or v is None else json.dumps(v, default=str))
+            for k in order
+            for v in [record.get(k)]
+        }
+        for record in records
+    ]
+
+
 def goldens_html(records: list[dict[str, Any]]) -> str:
     """The page for a session's golden comparisons (``--precision-html``): one row per item."""
     return _page("pytest-precision: goldens", "goldens", {"goldens": records})
@@ -202,6 +221,7 @@ ol.steps li{margin:2px 0}code{background:#f4f4f4;padding:0 3px}
 </style></head><body>
 <h1 id="title">%TITLE%</h1>
 <div id="summary"></div>
+<div id="dumpview">
 <h2>Error along execution order</h2>
 <p class="muted">Relative error of each record (log scale); shaded bands are layers, the red
 line is the culprit.</p>
@@ -213,6 +233,7 @@ line is the culprit.</p>
 <option>warn</option><option>pass</option><option>skip</option></select>
 <span id="shown" class="muted"></span></p>
 <div id="records"></div>
+</div>
 <script type="application/json" id="data">%DATA%</script>
 <script>
 "use strict";
@@ -257,6 +278,7 @@ if (C) {
     esc(C.divergence.cause) + ": " + esc(C.divergence.reason) + "</p>";
 }
 document.getElementById("summary").innerHTML = summary;
+if (!DATA.comparison) document.getElementById("dumpview").style.display = "none";
 const records = C ? C.records : [];
 const level = r => typeof r.error === "string" ? Infinity : (r.error || 0);
 function chart() {

@@ -215,3 +215,22 @@ def test_assert_same_generation_against_a_stored_golden(pytester: pytest.Pyteste
     result = pytester.runpytest_inprocess("--golden-dir", "goldens")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*culprit: *{BAD}*", "*report: *report.html*"])
+
+
+def test_precision_html_lists_the_session_goldens(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+        from pytest_precision import assert_close_to_golden
+
+        def test_a():
+            assert_close_to_golden(torch.ones(4), name="out")
+        """
+    )
+    assert pytester.runpytest_inprocess("--golden-dir", "g", "--golden-update").ret == 0
+    pytester.runpytest_inprocess("--golden-dir", "g", "--precision-html", "s.html").assert_outcomes(
+        passed=1
+    )
+    page = (pytester.path / "s.html").read_text()
+    rows = json.loads(re.search(r'id="data">(.*?)</script>', page, re.S).group(1))["goldens"]
+    assert [(r["name"], r["status"]) for r in rows] == [("out", "pass")]

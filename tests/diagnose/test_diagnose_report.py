@@ -97,6 +97,7 @@ def test_the_report_renders_in_headless_chromium(diagnosed: object, tmp_path: Pa
     assert re.search(r"\d+ of \d+ records", dom)
 
 
+@pytest.mark.slow
 def test_cli_diagnose_two_saved_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     golden = build("llama")
     save_run(golden, IDS, tmp_path / "gpu", max_new_tokens=6)
@@ -189,6 +190,7 @@ def test_assert_same_generation(tmp_path: Path) -> None:
     assert "exported test: -" in message  # a wrong weight: nothing to replay
 
 
+@pytest.mark.slow
 def test_assert_same_generation_against_a_stored_golden(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         textwrap.dedent(f"""

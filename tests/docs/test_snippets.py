@@ -7,10 +7,16 @@ Setup blocks the test supplies (documented here, named in the doc's prose):
 
 - ``troubleshooting.md`` uses ``golden``, ``target``, ``ids``: a tiny random-init Llama, its
   copy with layer 0's MLP weight scaled by 3, and a 6-token prompt.
+- ``README.md``: ``tests/docs/readme_setup.py`` builds what its snippets name (a tiny HF Llama
+  as ``model`` / ``gpu_model``, a copy with a wrong weight as ``npu_model``, tensors, capture
+  dumps ``dumps/gpu`` and ``dumps/npu``, saved runs ``runs/gpu`` and ``runs/npu``, msprobe's
+  fixture as ``msprobe_dump/``, eval and token files); each block runs in a fresh copy of it.
 
-Not run: ``bash`` blocks (they create virtual environments and install torch) and ``text``
-blocks (printed output); snippets of the older docs and the README are compiled and their
-commands parsed, not run (see the list of what is left in the branch notes).
+A block preceded by ``<!-- snippet: parse-only (why) -->`` is compiled (its commands parsed)
+but not run: it needs hardware this machine lacks (an NPU). Not run either: ``bash`` blocks
+(they create virtual environments and install torch, or run the whole suite: CI runs them) and
+blocks without a language (printed output). The older docs' snippets are compiled and their
+commands parsed.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import ast
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +33,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^(<!-- snippet: parse-only[^\n]*-->\n)?```(\w*)\n(.*?)^```", re.S | re.M)
 EXECUTED = [
     pytest.param("quickstart.md", marks=pytest.mark.slow),  # saves two runs: ~15 s
     pytest.param("diagnose.md", marks=pytest.mark.slow),
@@ -35,8 +42,13 @@ EXECUTED = [
 ]
 
 
-def _blocks(doc: Path) -> list[tuple[str, str]]:
-    return [(m.group(1), m.group(2)) for m in FENCE.finditer(doc.read_text())]
+def _blocks(doc: Path, *, runnable: bool = False) -> list[tuple[str, str]]:
+    """(language, code) of each fenced block; ``runnable`` leaves out parse-only ones."""
+    return [
+        (m.group(2), m.group(3))
+        for m in FENCE.finditer(doc.read_text())
+        if not (runnable and m.group(1))
+    ]
 
 
 def _commands(code: str) -> list[list[str]]:
@@ -99,7 +111,7 @@ def test_the_doc_runs(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": f"doc_{name}", **_setup(name)}
     ran = 0
-    for language, code in _blocks(ROOT / "docs" / name):
+    for language, code in _blocks(ROOT / "docs" / name, runnable=True):
         if language == "python":
             exec(compile(code, f"docs/{name}", "exec"), namespace)
             ran += 1
@@ -110,3 +122,30 @@ def test_the_doc_runs(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                 ran += 1
     assert ran, f"{name} has nothing to run"
     assert os.listdir(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_readme_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    from pytest_precision.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from readme_setup import readme_namespace
+
+    setup = readme_namespace()
+    ran = 0
+    for number, (language, code) in enumerate(_blocks(ROOT / "README.md", runnable=True)):
+        if language == "python":
+            exec(
+                compile(code, f"README.md block {number}", "exec"), {**setup, "__name__": "readme"}
+            )
+            ran += 1
+        elif language == "console":
+            for argv in _commands(code):
+                status = main(argv)
+                assert status in (0, 1), (
+                    f"README: pytest-precision {' '.join(argv)} exited {status}"
+                )
+                ran += 1
+    assert ran >= 15

@@ -74,11 +74,11 @@ def load_pt(path: Path) -> Any:
             # legacy (non-zip) serialization cannot be mapped; read it whole
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch reports bad files with many exception types
-        problem = f"cannot be loaded safely as a tensor file: {_torch_reason(exc)}"
+        problem = f"cannot be loaded safely as a tensor file: {torch_load_reason(exc)}"
         raise DumpFormatError(path, problem) from None
 
 
-def _torch_reason(exc: BaseException) -> str:
+def torch_load_reason(exc: BaseException) -> str:
     """torch's reason, without its advice to retry with ``weights_only=False``: that runs
     the pickle code stored in the file, which a dump reader never does."""
     text = str(exc)

@@ -334,7 +334,8 @@ def test_a_failing_golden_under_a_noise_verdict_is_explained(
     """'golden: fail' under an overall 'noise' once read as a contradiction (#14)."""
     result = replay_op(dumps("clean"), SOFTMAX_1, golden=dumps("context"))
     assert result.verdict == "noise"
-    assert result.slots[0].golden is not None and result.slots[0].golden.verdict == "fail"
+    assert result.slots[0].golden is not None
+    assert result.slots[0].golden.verdict == "fail"
     text = result.report()
     assert "reported only, not part of the verdict" in text
     assert "The verdict, noise, judges the target's recorded output" in text

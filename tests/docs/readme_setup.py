@@ -1,5 +1,6 @@
-"""What README.md's snippets assume exists, built in the current folder (documented in
-tests/docs/test_snippets.py): models, tensors, dumps, saved runs, eval and token files."""
+"""What the snippets of README.md and the reference docs assume exists, built in the current
+folder (documented in tests/docs/test_snippets.py): models, tensors, dumps, saved runs, eval and
+token files, a stand-in tokenizer."""
 
 from __future__ import annotations
 
@@ -54,6 +55,16 @@ def _tiny_dumps() -> Any:
     return build_tiny_llama(), ids
 
 
+class Tokenizer:
+    """The parts of a HF tokenizer the output checks use."""
+
+    pad_token_id = 0
+    unk_token_id = 3
+
+    def decode(self, ids: Any) -> str:
+        return " ".join(f"w{int(i)}" for i in ids)
+
+
 def readme_namespace() -> dict[str, Any]:
     from safetensors.torch import save_file
 
@@ -84,8 +95,20 @@ def readme_namespace() -> dict[str, Any]:
     Path("gpu_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     rows[1] = {**rows[1], "answer": "b 1", "score": 0.0}
     Path("npu_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    Path("golden.json").write_text(json.dumps([[0, 5, 6, 7], [8, 9, 10, 11]]))
-    Path("target.jsonl").write_text("[5, 6, 7]\n[8, 9, 10, 12]\n")
+    for stem in ("golden", "golden_ids"):
+        Path(f"{stem}.json").write_text(json.dumps([[0, 5, 6, 7], [8, 9, 10, 11]]))
+    for stem in ("target", "target_ids"):
+        Path(f"{stem}.jsonl").write_text("[5, 6, 7]\n[8, 9, 10, 12]\n")
+    Path("dumps/run1").symlink_to(Path("dumps/gpu").resolve())
+    Path("dumps/target").symlink_to(Path("dumps/npu").resolve())
+
+    def generate(prompt: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return decoder(prompt)
+
+    def run(prompt: str) -> str:
+        return f"answer to {prompt}"
+
     return {
         "pytest": pytest,
         "torch": torch,
@@ -114,4 +137,15 @@ def readme_namespace() -> dict[str, Any]:
         "tokenizer": lambda ids: " ".join(map(str, ids)),
         "text": "the answer is 42",
         "baseline_record": precision_environment(),
+        # the reference docs (determinism, goldens-in-ci, replay, output-checks, readers)
+        "generate": generate,
+        "prompt": decoder_ids,
+        "run": run,
+        "tok": Tokenizer(),
+        "ids": input_ids,
+        "answer_ids": generated.sequences[0].tolist(),
+        "golden_model": gpu_model,
+        "target_model": copy.deepcopy(gpu_model),
+        "gpu_generation_config": gpu_model.generation_config,
+        "npu_generation_config": {**gpu_model.generation_config.to_dict(), "temperature": 0.7},
     }

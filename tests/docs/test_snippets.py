@@ -1,22 +1,29 @@
-"""The snippets of README.md and docs/: every Python block compiles and every
-``$ pytest-precision ...`` line parses with the real CLI; the docs in ``EXECUTED`` run for real,
-block after block in one namespace, in a fresh folder, with their commands run through the CLI
-(exit 0 or 1: an answer, never 2, an error).
+"""The snippets of README.md and docs/ run.
 
-Setup blocks the test supplies (documented here, named in the doc's prose):
+Every Python block compiles and every ``$ pytest-precision ...`` line parses with the real CLI
+(usage synopses with ``[...]`` excepted). Then the blocks run: the tutorials (``EXECUTED``:
+quickstart, diagnose, migrating-from-msprobe, troubleshooting) top to bottom in one namespace, in
+a fresh folder; README.md and the reference docs (``WITH_SETUP``) each block in a fresh copy of
+a shared setup. Commands run through the CLI and must answer (exit 0 or 1), never fail (2).
+
+Setups the test supplies:
 
 - ``troubleshooting.md`` uses ``golden``, ``target``, ``ids``: a tiny random-init Llama, its
   copy with layer 0's MLP weight scaled by 3, and a 6-token prompt.
-- ``README.md``: ``tests/docs/readme_setup.py`` builds what its snippets name (a tiny HF Llama
-  as ``model`` / ``gpu_model``, a copy with a wrong weight as ``npu_model``, tensors, capture
-  dumps ``dumps/gpu`` and ``dumps/npu``, saved runs ``runs/gpu`` and ``runs/npu``, msprobe's
-  fixture as ``msprobe_dump/``, eval and token files); each block runs in a fresh copy of it.
+- README.md and the reference docs: ``tests/docs/readme_setup.py`` builds what their snippets
+  name: the example decoder as ``model`` (``tokens``, ``prompt_ids``, ``generate``), a tiny HF
+  Llama as ``gpu_model`` / ``golden_model`` / ``golden`` and clean copies (``target``,
+  ``target_model``), a copy with a wrong weight as ``npu_model``, tensors (``out``,
+  ``expected``, ``gpu_out``, ``npu_out``, ``fp64_out``, ``x``, ``layer``), capture dumps
+  ``dumps/gpu`` (also ``dumps/run1``) and ``dumps/npu`` (also ``dumps/target``), saved runs
+  ``runs/gpu`` and ``runs/npu``, msprobe's fixture as ``msprobe_dump/``, a checkpoint folder
+  ``ckpt/``, eval and token files, a stand-in tokenizer ``tok``.
 
-A block preceded by ``<!-- snippet: parse-only (why) -->`` is compiled (its commands parsed)
-but not run: it needs hardware this machine lacks (an NPU). Not run either: ``bash`` blocks
-(they create virtual environments and install torch, or run the whole suite: CI runs them) and
-blocks without a language (printed output). The older docs' snippets are compiled and their
-commands parsed.
+Markers on the line before a block: ``<!-- snippet: parse-only (why) -->`` compiles it (and
+parses its commands) without running it: it needs hardware this machine lacks (an NPU);
+``<!-- snippet: raises NAME -->`` runs it and expects the exception class NAME (a documented
+failure). Not run: ``bash`` blocks (they create virtual environments and install torch, or run
+the whole suite; CI runs exactly those) and blocks without a language (printed output).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^(<!-- snippet: parse-only[^\n]*-->\n)?```(\w*)\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^(?:<!-- snippet: ([^\n]*?) -->\n)?```(\w*)\n(.*?)^```", re.S | re.M)
 EXECUTED = [
     pytest.param("quickstart.md", marks=pytest.mark.slow),  # saves two runs: ~15 s
     pytest.param("diagnose.md", marks=pytest.mark.slow),
@@ -47,8 +54,49 @@ def _blocks(doc: Path, *, runnable: bool = False) -> list[tuple[str, str]]:
     return [
         (m.group(2), m.group(3))
         for m in FENCE.finditer(doc.read_text())
-        if not (runnable and m.group(1))
+        if not (runnable and (m.group(1) or "").startswith("parse-only"))
     ]
+
+
+def _expected_failures(doc: Path) -> dict[str, str]:
+    """Code of each block marked ``<!-- snippet: raises NAME -->`` -> the exception's name."""
+    return {
+        m.group(3): m.group(1).split()[1]
+        for m in FENCE.finditer(doc.read_text())
+        if (m.group(1) or "").startswith("raises ")
+    }
+
+
+def _run_doc(doc: Path, setup: dict[str, Any], *, tutorial: bool = False) -> int:
+    """Run the doc's Python blocks and its commands. Each block runs in a fresh copy of
+    ``setup``, or (``tutorial``: a page read top to bottom) all in one namespace."""
+    from pytest_precision.cli import main
+
+    namespace = {**setup, "__name__": "doc"}
+
+    failures = _expected_failures(doc)
+    ran = 0
+    for number, (language, code) in enumerate(_blocks(doc, runnable=True)):
+        if language == "python":
+            compiled = compile(code, f"{doc.name} block {number}", "exec")
+            if code in failures:
+                try:
+                    exec(compiled, namespace if tutorial else {**setup, "__name__": "doc"})
+                except Exception as exc:  # the marker names the class the doc says it raises
+                    assert type(exc).__name__ == failures[code], exc  # noqa: PT017
+                else:
+                    pytest.fail(f"{doc.name} block {number} should raise {failures[code]}")
+            else:
+                exec(compiled, namespace if tutorial else {**setup, "__name__": "doc"})
+            ran += 1
+        elif language == "console":
+            for argv in _commands(code):
+                status = main(argv)
+                assert status in (0, 1), (
+                    f"{doc.name}: pytest-precision {' '.join(argv)} -> {status}"
+                )
+                ran += 1
+    return ran
 
 
 def _commands(code: str) -> list[list[str]]:
@@ -105,47 +153,45 @@ def _setup(name: str) -> dict[str, Any]:
 def test_the_doc_runs(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("hypothesis")
-    from pytest_precision.cli import main
-
     (tmp_path / "fixtures").symlink_to(ROOT / "fixtures")
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {"__name__": f"doc_{name}", **_setup(name)}
-    ran = 0
-    for language, code in _blocks(ROOT / "docs" / name, runnable=True):
-        if language == "python":
-            exec(compile(code, f"docs/{name}", "exec"), namespace)
-            ran += 1
-        elif language == "console":
-            for argv in _commands(code):
-                code_ = main(argv)
-                assert code_ in (0, 1), f"{name}: pytest-precision {' '.join(argv)} exited {code_}"
-                ran += 1
-    assert ran, f"{name} has nothing to run"
+    assert _run_doc(ROOT / "docs" / name, _setup(name), tutorial=True), f"{name}: nothing ran"
     assert os.listdir(tmp_path)
 
 
-@pytest.mark.slow
-def test_the_readme_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The folder and namespace ``readme_setup.py`` builds, shared by the docs that use it."""
     pytest.importorskip("transformers")
-    from pytest_precision.cli import main
+    folder = tmp_path_factory.mktemp("docs")
+    previous = Path.cwd()
+    os.chdir(folder)
+    try:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from readme_setup import readme_namespace
 
-    monkeypatch.chdir(tmp_path)
-    sys.path.insert(0, str(Path(__file__).parent))
-    from readme_setup import readme_namespace
+        return folder, readme_namespace()
+    finally:
+        os.chdir(previous)
 
-    setup = readme_namespace()
-    ran = 0
-    for number, (language, code) in enumerate(_blocks(ROOT / "README.md", runnable=True)):
-        if language == "python":
-            exec(
-                compile(code, f"README.md block {number}", "exec"), {**setup, "__name__": "readme"}
-            )
-            ran += 1
-        elif language == "console":
-            for argv in _commands(code):
-                status = main(argv)
-                assert status in (0, 1), (
-                    f"README: pytest-precision {' '.join(argv)} exited {status}"
-                )
-                ran += 1
-    assert ran >= 15
+
+#: Docs whose snippets name things the setup provides (README.md first).
+WITH_SETUP = [
+    "README.md",
+    "docs/compare.md",
+    "docs/determinism.md",
+    "docs/goldens-in-ci.md",
+    "docs/readers.md",
+    "docs/replay.md",
+    "docs/output-checks.md",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WITH_SETUP)
+def test_the_doc_runs_with_the_setup(
+    name: str, shared: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, setup = shared
+    monkeypatch.chdir(folder)
+    assert _run_doc(ROOT / name, setup) >= 1

@@ -139,3 +139,35 @@ def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
         diagnose(model, model, [[0.5, 1.0]], out=tmp_path)
     with pytest.raises(PrecisionInputError, match="max_new_tokens"):
         diagnose(model, model, [[5, 6]], max_new_tokens=0, out=tmp_path)
+
+
+def test_a_left_padded_batch_with_its_mask(tmp_path: Path) -> None:
+    """Rows of different lengths, left-padded: the first divergent token per row matches HF's
+    own greedy ``generate`` on both models (which uses the KV cache)."""
+    golden = build("llama")
+    target = twin(golden)
+    ids = torch.tensor([[0, 0, 17, 200, 45, 3], [8, 77, 31, 150, 64, 12]])
+    mask = (ids != 0).long()
+    module, func = PLANT["llama"]
+    with KernelBug(target, module, func, 0.5):
+        d = diagnose(
+            golden,
+            target,
+            ids,
+            attention_mask=mask,
+            max_new_tokens=STEPS,
+            out=tmp_path,
+            devices=["cpu"],
+        )
+        with torch.no_grad():
+            t = target.generate(
+                ids, attention_mask=mask, max_new_tokens=STEPS, do_sample=False, pad_token_id=0
+            )
+    with torch.no_grad():
+        g = golden.generate(
+            ids, attention_mask=mask, max_new_tokens=STEPS, do_sample=False, pad_token_id=0
+        )
+    assert [list(r) for r in d.golden_tokens] == g[:, ids.shape[1] :].tolist()
+    assert [list(r) for r in d.target_tokens] == t[:, ids.shape[1] :].tolist()
+    assert d.divergence is not None
+    assert d.divergence.module == module

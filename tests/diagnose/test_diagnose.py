@@ -27,22 +27,29 @@ def ids() -> torch.Tensor:
     return torch.randint(3, 256, (2, 6), generator=generator)
 
 
-#: (model kind, skew size of the planted kernel bug, what the tokens show)
+#: (model kind, planted module, broken function, skew size, what the tokens show)
 FLIPS = [
-    ("llama", 0.5, "tokens"),
-    ("gpt2", 0.5, "tokens"),
-    ("gemma2", 4.0, "logprobs"),  # a peaked Gemma2: the bug moves logits, flips no token
-    pytest.param("moe", 2.0, "tokens", marks=pytest.mark.slow),
+    ("llama", *PLANT["llama"], 0.5, "tokens"),
+    ("gpt2", *PLANT["gpt2"], 0.5, "tokens"),
+    ("gemma2", "model.layers.1.mlp.down_proj", "linear", 4.0, "tokens"),
+    # a peaked Gemma2: this bug moves the logits and flips no token
+    ("gemma2", *PLANT["gemma2"], 4.0, "logprobs"),
+    pytest.param("moe", *PLANT["moe"], 2.0, "tokens", marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize(("kind", "size", "finding"), FLIPS)
+@pytest.mark.parametrize(("kind", "module", "func", "size", "finding"), FLIPS)
 def test_a_planted_kernel_bug_is_found_in_its_module(
-    kind: str, size: float, finding: str, ids: torch.Tensor, tmp_path: Path
+    kind: str,
+    module: str,
+    func: str,
+    size: float,
+    finding: str,
+    ids: torch.Tensor,
+    tmp_path: Path,
 ) -> None:
     golden = build(kind)
     target = twin(golden)
-    module, func = PLANT[kind]
     with KernelBug(target, module, func, size):
         d = diagnose(golden, target, ids, max_new_tokens=STEPS, out=tmp_path, devices=["cpu"])
     expected = brute_force_first_tokens(

@@ -148,6 +148,7 @@ def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
         diagnose(model, model, [[5, 6]], max_new_tokens=0, out=tmp_path)
 
 
+@pytest.mark.slow
 def test_a_left_padded_batch_with_its_mask(tmp_path: Path) -> None:
     """Rows of different lengths, left-padded: the first divergent token per row matches HF's
     own greedy ``generate`` on both models (which uses the KV cache)."""

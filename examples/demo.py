@@ -55,6 +55,13 @@ def main() -> None:
         ratio = compare_tensors(out, golden)
         print(f"== {title}")
         print(f"   ratio standard:     {ratio.verdict.upper():4}  cosine {ratio.cosine:.6f}")
+        if ratio.verdict != "pass" and "noise" in title:
+            print(
+                "     (the ratio standard allows one bf16 rounding per element; attention is "
+                "many\n      bf16 ops, so even a correct kernel drifts further. The reference "
+                "standard\n      measures both runs against float64 and asks whether the target "
+                "is much worse\n      than the golden: that is the right question here)"
+            )
         try:
             result = assert_close(
                 out, golden, reference=reference, standard="reference", name="attn_out"

@@ -22,6 +22,8 @@ if typing.TYPE_CHECKING:
         StatsComparison,
         UnmatchedCall,
     )
+    from .diagnosis._generation import save_run
+    from .diagnosis._results import Diagnosis
     from .dump import Dump, Record, capture, load_dump
     from .golden._assert import assert_close_to_golden
     from .golden._golden import Golden
@@ -68,6 +70,7 @@ if typing.TYPE_CHECKING:
         check_weights_loaded,
         fingerprint_weights,
     )
+    from .plugin._generation import GenerationDiffers, assert_same_generation, diagnose
     from .replay._verdict import ReplayResult, replay_op
     from .runtime._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
     from .runtime._environment import ChecklistDiff, diff_environment, precision_environment
@@ -78,11 +81,13 @@ __all__ = [
     "ChecklistDiff",
     "Comparison",
     "DeterminismWarning",
+    "Diagnosis",
     "Divergence",
     "Dump",
     "DumpComparison",
     "DumpFormatError",
     "Exact",
+    "GenerationDiffers",
     "Golden",
     "ModelLevel",
     "OutputCheckFailed",
@@ -120,6 +125,7 @@ __all__ = [
     "assert_no_symptoms",
     "assert_same_config",
     "assert_same_environment",
+    "assert_same_generation",
     "assert_score_within",
     "assert_tokens_close",
     "assert_weights_loaded",
@@ -134,6 +140,7 @@ __all__ = [
     "detect_jitter",
     "detect_repetition",
     "detect_symptoms",
+    "diagnose",
     "diff_configs",
     "diff_environment",
     "fingerprint_weights",
@@ -143,6 +150,7 @@ __all__ = [
     "pick_badcases",
     "precision_environment",
     "replay_op",
+    "save_run",
     "seed_all",
     "tensor_stats",
 ]
@@ -158,6 +166,8 @@ _MODULES = {
         "StatsComparison",
         "UnmatchedCall",
     ),
+    ".diagnosis._generation": ("save_run",),
+    ".diagnosis._results": ("Diagnosis",),
     ".dump": ("Dump", "Record", "capture", "load_dump"),
     ".golden._assert": ("assert_close_to_golden",),
     ".golden._golden": ("Golden",),
@@ -204,6 +214,7 @@ _MODULES = {
         "check_weights_loaded",
         "fingerprint_weights",
     ),
+    ".plugin._generation": ("GenerationDiffers", "assert_same_generation", "diagnose"),
     ".replay._verdict": ("ReplayResult", "replay_op"),
     ".runtime._determinism": (
         "DeterminismWarning",

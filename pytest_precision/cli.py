@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pytest-precision",
         description="Numerical-precision tools for LLM inference: compare, inspect, replay, "
-        "tokens, badcases.",
+        "tokens, badcases, diagnose.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export_test(subparsers)
     _add_tokens(subparsers)
     _add_badcases(subparsers)
+    _add_diagnose(subparsers)
     return parser
 
 
@@ -49,6 +50,9 @@ def _add_compare(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     compare.add_argument("--json", metavar="FILE", help="write the whole comparison as JSON")
     compare.add_argument("--csv", metavar="FILE", help="write one row per record as CSV")
     compare.add_argument(
+        "--html", metavar="FILE", help="write a self-contained HTML page (works offline)"
+    )
+    compare.add_argument(
         "--worst", type=int, default=5, metavar="N", help="list the N worst records (default 5)"
     )
     compare.set_defaults(handler=_compare)
@@ -66,6 +70,10 @@ def _compare(args: argparse.Namespace) -> int:
         result.write_json(args.json)
     if args.csv:
         result.write_csv(args.csv)
+    if args.html:
+        from .report._html import dump_comparison_html, write_html
+
+        write_html(args.html, dump_comparison_html(result))
     return 0 if result.passed else 1
 
 
@@ -241,6 +249,90 @@ def _badcases(args: argparse.Namespace) -> int:
     print(badcases_text(result, limit=args.limit))
     if args.json:
         write_badcases_json(result, args.json)
+    return 0 if result.passed else 1
+
+
+def _add_diagnose(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    diagnose = subparsers.add_parser(
+        "diagnose",
+        help="from 'the answer changed' to the culprit op, with an HTML report",
+        description="Run the whole workflow (checklist, greedy generation, first divergent "
+        "token, capture at that step, compare, replay, exported test, HTML report) on two "
+        "runs saved with save_run() (GOLDEN TARGET), or on the models a Python entry point "
+        "builds (--entry module:function or file.py:function, returning a dict with golden, "
+        "target, input_ids and optionally attention_mask). Exit status: 0 the generations "
+        "agree, 1 they differ, 2 an error.",
+    )
+    diagnose.add_argument("runs", nargs="*", metavar="RUN", help="GOLDEN and TARGET saved runs")
+    diagnose.add_argument("--entry", metavar="MODULE:FUNCTION", help="builds the two models")
+    diagnose.add_argument(
+        "--out", metavar="DIR", default="precision-diagnosis", help="dumps, test, report"
+    )
+    diagnose.add_argument("--html", metavar="FILE", help="also write the HTML page here")
+    diagnose.add_argument(
+        "--max-new-tokens",
+        type=int,
+        metavar="N",
+        help="tokens to generate (default: 16, or all the saved runs hold)",
+    )
+    diagnose.add_argument(
+        "--device", action="append", dest="devices", metavar="DEVICE", help="replay on DEVICE"
+    )
+    diagnose.set_defaults(handler=_diagnose)
+
+
+def _entry(spec: str) -> dict[str, object]:
+    import importlib
+    import importlib.util
+
+    where, _, function = spec.rpartition(":")
+    if not where or not function:
+        raise PrecisionError(f"--entry {spec!r}: write module:function or file.py:function")
+    if where.endswith(".py"):
+        loader = importlib.util.spec_from_file_location("_precision_entry", where)
+        if loader is None or loader.loader is None:
+            raise PrecisionError(f"--entry {spec!r}: cannot load {where}")
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    built = getattr(module, function)()
+    if not isinstance(built, dict) or not {"golden", "target", "input_ids"} <= set(built):
+        raise PrecisionError(
+            f"--entry {spec!r} must return a dict with golden, target and input_ids"
+        )
+    return built
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from .diagnosis._generation import SavedRun
+    from .plugin._generation import diagnose, diagnosis_message
+    from .report._html import diagnosis_html, write_html
+
+    if (args.entry and args.runs) or (not args.entry and len(args.runs) != 2):
+        raise PrecisionError("give two saved runs (GOLDEN TARGET) or --entry, not both")
+    if args.entry:
+        built = _entry(args.entry)
+        golden, target = built["golden"], built["target"]
+        ids, mask = built["input_ids"], built.get("attention_mask")
+        steps = args.max_new_tokens or 16
+    else:
+        golden, target = SavedRun(args.runs[0]), SavedRun(args.runs[1])
+        ids, mask = golden.prompt, golden.attention_mask
+        held = min(int(r.generation.tokens.shape[1]) for r in (golden, target))
+        steps = args.max_new_tokens or held
+    result = diagnose(
+        golden,
+        target,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=steps,
+        out=args.out,
+        devices=args.devices,
+    )
+    print(diagnosis_message(result))
+    if args.html:
+        write_html(args.html, diagnosis_html(result))
     return 0 if result.passed else 1
 
 

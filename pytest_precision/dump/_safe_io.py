@@ -89,8 +89,37 @@ def load_pt(path: Path) -> Any:
             # legacy (non-zip) serialization cannot be mapped; read it whole
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch reports bad files with many exception types
-        problem = f"cannot be loaded safely as a tensor file: {_first_line(exc)}"
+        problem = f"cannot be loaded safely as a tensor file: {torch_load_reason(exc)}"
         raise DumpFormatError(path, problem) from None
+
+
+def torch_load_reason(exc: BaseException) -> str:
+    """torch's reason, without its advice to retry with ``weights_only=False``: that runs
+    the pickle code stored in the file, which a dump reader never does."""
+    text = str(exc)
+    unsupported = [line.strip() for line in text.splitlines() if "Unsupported global" in line]
+    if unsupported:
+        return (
+            unsupported[0].split(" was not")[0]
+            + "; it is not a plain file of tensors, and loading it would run code stored in "
+            "it. Re-save it with safetensors or torch.save of tensors only"
+        )
+    if "weights_only" in text or "Weights only load failed" in text:
+        inner = [
+            line.strip()
+            for line in text.splitlines()
+            if line.strip()
+            and "weights_only" not in line
+            and "Weights only" not in line
+            and "trust the source" not in line
+            and not line.strip().startswith("(")
+        ]
+        detail = inner[-1] if inner else "not a torch tensor file"
+        return (
+            f"{detail}; it is not a plain file of tensors (pickle code is never run). Re-save "
+            "it with safetensors or torch.save of tensors only"
+        )
+    return _first_line(exc)
 
 
 def load_pt_tensor(path: Path) -> torch.Tensor:

@@ -49,6 +49,7 @@ from ._sources import (
     environment_diff,
     environment_record,
     open_golden_source,
+    recorded_device,
 )
 from ._tolerances import NO_TOLERANCE, Tolerance
 
@@ -168,7 +169,9 @@ class Golden:
         if not recorded:
             return []
         current = environment_record(device_of(value), seed=self.seed)
-        return environment_diff(flat_fingerprint(recorded), current)
+        flat = flat_fingerprint(recorded)
+        flat["device"] = recorded_device(flat)  # a dump's manifest lists devices, not one
+        return environment_diff(flat, current)
 
     # ... comparing
 
@@ -373,6 +376,15 @@ class Golden:
         return any(self._tolerance_for(call, d).is_set for d in dtypes)
 
     def _hint(self, what: str) -> str:
+        if not self.source.writable:  # a dump: --golden-update would be refused
+            return (
+                f"the golden is a dump ({self.source.path}), which is read-only: if the change "
+                "is intended, capture the baseline dump again on the reference machine, or "
+                "record a golden directory with --golden-dir DIR --golden-update"
+                if "re-record" in what
+                else f"{what} in a golden directory (--golden-dir DIR --golden-update); a "
+                f"dump ({self.source.path}) is read-only"
+            )
         command = self._record_hint or (
             f"Golden({str(self.source.path)!r}, {self.test_id!r}, update=True)(value, name)"
         )

@@ -39,6 +39,18 @@ def _device_name(device: torch.device | None) -> str:
     return device.type
 
 
+def recorded_device(flat: Mapping[str, str]) -> str:
+    """The device a record ran on: its ``device`` line, or for a dump's manifest (which lists
+    the machine's devices) the accelerator it had, named as :func:`environment_record` does."""
+    if "device" in flat:
+        return flat["device"]
+    for kind in ("npu", "cuda"):
+        if flat.get(f"devices.{kind}.available") == "True":
+            name = flat.get(f"devices.{kind}.device_name")
+            return f"{kind} ({name})" if kind == "cuda" and name else kind
+    return "cpu" if "devices.cpu.available" in flat else "-"
+
+
 def environment_diff(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
     """The checklist lines where the golden's environment differs from this run's, the most
     likely culprit first (the same ordering as :func:`diff_environment`)."""

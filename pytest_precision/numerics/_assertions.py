@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .._errors import PrecisionInputError, PrecisionWarning
-from ._comparison import TensorComparison, compare_tensors
+from ._comparison import ShapeMismatch, TensorComparison, compare_tensors
 from ._details import HISTOGRAM_EDGES, ErrorDetails, error_details
 from ._dtypes import dtype_name
 from ._nested import iter_leaf_pairs
@@ -121,7 +121,7 @@ def compare(
         try:
             result = compare_tensors(a, e, reference=r, standard=standard, rtol=rtol, atol=atol)
         except PrecisionInputError as exc:
-            raise PrecisionInputError(f"{label}: {exc}") from None
+            raise type(exc)(f"{label}: {exc}") from None
         details = None
         if result.verdict != "pass":
             item_rtol, item_atol = result.standard.tolerances(result.dtype)
@@ -156,9 +156,18 @@ def assert_close(
     Returns the :class:`Comparison` for further inspection.
     """
     __tracebackhide__ = True
-    result = compare(
-        actual, expected, standard=standard, rtol=rtol, atol=atol, reference=reference, name=name
-    )
+    try:
+        result = compare(
+            actual,
+            expected,
+            standard=standard,
+            rtol=rtol,
+            atol=atol,
+            reference=reference,
+            name=name,
+        )
+    except ShapeMismatch as exc:
+        raise AssertionError(str(exc)) from None
     if not result.passed:
         raise AssertionError(result.message())
     if result.verdict == "warn":

@@ -26,6 +26,11 @@ from ._standards import (
 from ._stats import tensor_stats
 
 
+class ShapeMismatch(PrecisionInputError):
+    """The two sides have different shapes: ``assert_close`` reports it as an assertion
+    failure (a result of the wrong shape is a wrong result, as in torch.testing)."""
+
+
 @dataclass(frozen=True)
 class TensorComparison(ErrorMetrics):
     """:class:`ErrorMetrics` plus the standard applied and its verdict."""
@@ -182,7 +187,7 @@ def _check_pair(actual: torch.Tensor, other: torch.Tensor, what: str) -> None:
         if t.device.type == "meta":
             raise PrecisionInputError(f"{side} is on the meta device and holds no values")
     if actual.shape != other.shape:
-        raise PrecisionInputError(
+        raise ShapeMismatch(
             f"shape mismatch: actual {tuple(actual.shape)} vs {what} {tuple(other.shape)}"
         )
     if actual.device != other.device:

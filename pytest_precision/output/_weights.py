@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .._errors import PrecisionInputError
-from ..dump._safe_io import load_safetensors_tensor
+from ..dump._safe_io import load_safetensors_tensor, torch_load_reason
 from ..numerics._dtypes import dtype_name
 from ._common import OutputCheckFailed
 
@@ -93,13 +93,7 @@ def _load_torch(path: Path) -> dict[str, torch.Tensor]:
                 raise
             value = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch reports refused files with many exception types
-        found = [line.strip() for line in str(exc).splitlines() if "Unsupported global" in line]
-        why = found[0].split(" was not")[0] if found else str(exc).strip().splitlines()[0]
-        raise PrecisionInputError(
-            f"{path}: refused: it is not a plain file of tensors ({why}); loading it would "
-            "run code stored in it. Re-save the state dict with safetensors or torch.save of "
-            "a dict of tensors"
-        ) from None
+        raise PrecisionInputError(f"{path}: refused: {torch_load_reason(exc)}") from None
     if isinstance(value, Mapping) and not all(isinstance(v, torch.Tensor) for v in value.values()):
         for inner in ("state_dict", "model", "module"):  # {"model": state_dict, "optimizer": ...}
             if isinstance(value.get(inner), Mapping):

@@ -69,6 +69,11 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="PATH",
         help="write every golden comparison, with its metrics, to this JSON file",
     )
+    group.addoption(
+        "--precision-html",
+        metavar="PATH",
+        help="write the session's golden comparisons as a self-contained HTML page",
+    )
     # a plain string: the "paths" type splits on spaces, and folder names may hold them
     parser.addini("golden_dir", "folder of goldens (relative to the ini file)", type="string")
     parser.addini(
@@ -89,6 +94,8 @@ class GoldenPlugin:
         self.prune: bool = config.getoption("golden_prune")
         report = config.getoption("precision_report")
         self.report_path = None if report is None else self.invocation_dir / report
+        page = config.getoption("precision_html")
+        self.html_path = None if page is None else self.invocation_dir / page
         self.dtype_tolerances = _dtype_tolerances(config)
         if (self.update or self.prune) and self.golden_dir is None:
             raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
@@ -259,6 +266,10 @@ class GoldenPlugin:
         self._find_unused()
         if self.report_path is not None:
             self._write_report()
+        if self.html_path is not None:
+            from ..report._html import golden_rows, goldens_html
+
+            atomic_write(self.html_path, goldens_html(golden_rows(self.sorted_records())).encode())
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

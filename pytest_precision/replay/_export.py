@@ -58,6 +58,10 @@ def export_test(
     test_file = Path(file)
     if test_file.suffix != ".py":
         raise PrecisionError(f"{test_file}: the test file must end with .py")
+    if not test_file.parent.is_dir():
+        raise PrecisionError(
+            f"{test_file}: the folder {test_file.parent} does not exist; create it first"
+        )
     missing = [r.slot for r in call.records if r.is_tensor and r.loader is None]
     if missing:
         raise PrecisionError(

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..dump._records import Dump, Record
+from ..runtime._devices import flat_fingerprint
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -19,7 +20,11 @@ def summarize(dump: Dump) -> str:
     records = list(dump)
     loadable = sum(r.loader is not None for r in records)
     stats_only = sum(r.is_tensor and r.loader is None for r in records)
-    details = ", ".join(f"{k} {v}" for k, v in dump.environment.items() if v is not None)
+    details = ", ".join(
+        f"{k} {v}"
+        for k, v in dump.environment.items()
+        if v is not None and not isinstance(v, (dict, list))
+    )
     size, files = _disk_usage(dump.path)
     lines = [
         ("dump", str(dump.path)),
@@ -35,7 +40,12 @@ def summarize(dump: Dump) -> str:
         ("dtypes", _counts(r.dtype for r in records if r.dtype is not None)),
         ("size", f"{_human_size(size)} on disk ({files} files)"),
     ]
-    return "\n".join(f"{label + ':':<9} {value}" for label, value in lines)
+    text = [f"{label + ':':<9} {value}" for label, value in lines]
+    nested = {k: v for k, v in dump.environment.items() if isinstance(v, (dict, list))}
+    if nested:  # devices, determinism flags, env vars: one line each, not one long dict
+        text.append("recorded environment:")
+        text += [f"  {key}: {value}" for key, value in flat_fingerprint(nested).items()]
+    return "\n".join(text)
 
 
 def list_records(dump: Dump, pattern: str = "*") -> Iterator[str]:

@@ -29,6 +29,14 @@ def replay_text(result: ReplayResult) -> str:
         lines.append(_side(f"rerun on {result.device}", slot.rerun))
         if slot.golden is not None:
             lines.append(_side("golden", slot.golden))
+            if slot.golden.verdict != "pass":
+                lines.append(
+                    "      (reported only, not part of the verdict: the float64 rerun starts "
+                    "from the target's recorded inputs, while the golden's output came from the "
+                    "golden's own inputs; when those differ upstream, the golden's output differs "
+                    f"from this rerun although the op is fine. The verdict, {slot.verdict}, "
+                    "judges the target's recorded output and the rerun on the device)"
+                )
         elif result.golden is not None:
             lines.append("    golden: no output of this shape in the golden's call")
     return "\n".join(lines)

@@ -8,6 +8,12 @@ import types
 import pytest_precision
 
 EXPECTED = {
+    # diagnose (#14)
+    "Diagnosis",
+    "GenerationDiffers",
+    "assert_same_generation",
+    "diagnose",
+    "save_run",
     "Divergence",
     "DumpComparison",
     "RecordComparison",

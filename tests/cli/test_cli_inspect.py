@@ -121,3 +121,21 @@ def test_output_piped_into_a_closed_pipe_is_not_an_error(monkeypatch: pytest.Mon
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # closed by main, like `head` leaves it
     assert main(["inspect", str(MSPROBE_FIXTURES / "l1_tensor_ranks"), "--list"]) == 0
+
+
+def test_a_native_dump_lists_its_environment_one_key_a_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The recorded environment was one ~900-character line (#14)."""
+    import torch
+
+    from pytest_precision import capture
+
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad(), capture(model, tmp_path / "d"):
+        model(torch.ones(1, 2))
+    assert main(["inspect", str(tmp_path / "d")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) < 200
+    assert "recorded environment:" in lines
+    assert any(line.startswith("  devices.cpu.available: ") for line in lines)

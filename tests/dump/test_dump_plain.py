@@ -136,6 +136,24 @@ def test_pickle_payload_is_refused_and_never_runs(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("payload", ["random", "pickle"])
+def test_a_refused_pt_never_advises_weights_only_false(tmp_path: Path, payload: str) -> None:
+    """torch's own message suggests weights_only=False, which runs the file's pickle code:
+    that advice is never passed on (#14)."""
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    if payload == "random":
+        (folder / "x.pt").write_bytes(bytes(range(256)) * 3)
+    else:
+        write_pickle_payload(folder / "x.pt", tmp_path / "ran")
+    with pytest.raises(DumpFormatError) as info:
+        load_dump(folder)
+    message = str(info.value)
+    assert "weights_only" not in message
+    assert "trust" not in message
+    assert "safetensors" in message or "Re-save" in message
+
+
 def test_npy_of_python_objects_is_refused(tmp_path: Path) -> None:
     np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(DumpFormatError, match="Python objects"):

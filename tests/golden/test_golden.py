@@ -412,3 +412,21 @@ def test_threads_started_by_a_test_use_its_golden(tmp_path: Path) -> None:
     finally:
         deactivate(token)
     assert [r["name"] for r in golden.records] == ["t"]
+
+
+def test_the_device_of_a_dump_golden_comes_from_its_manifest() -> None:
+    """A dump's manifest lists the machine's devices; the checklist names the one it had
+    instead of printing 'device: - (golden)' (#14)."""
+    from pytest_precision.golden._sources import recorded_device
+
+    cuda = {
+        "devices.cpu.available": "True",
+        "devices.cuda.available": "True",
+        "devices.cuda.device_name": "NVIDIA H100",
+    }
+    assert recorded_device(cuda) == "cuda (NVIDIA H100)"
+    assert (
+        recorded_device({"devices.cpu.available": "True", "devices.cuda.available": "False"})
+        == "cpu"
+    )
+    assert recorded_device({"device": "npu"}) == "npu"

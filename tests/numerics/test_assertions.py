@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_precision import PrecisionInputError, PrecisionWarning, assert_close
+from pytest_precision import PrecisionInputError, PrecisionWarning, assert_close, compare_tensors
 from pytest_precision.numerics._assertions import compare, to_tensor
 
 GEN = torch.Generator().manual_seed(7)
@@ -78,11 +78,6 @@ def test_mixed_precision_uses_the_lower_dtype_standard() -> None:
     ("actual", "expected", "message"),
     [
         (
-            torch.zeros(2, 3),
-            torch.zeros(3, 2),
-            r"shape mismatch: actual \(2, 3\) vs expected \(3, 2\)",
-        ),
-        (
             torch.zeros(3),
             torch.zeros(3, device="meta"),
             "expected is on the meta device and holds no values",
@@ -109,6 +104,17 @@ def test_mixed_precision_uses_the_lower_dtype_standard() -> None:
 def test_bad_input_gets_a_clear_error(actual: object, expected: object, message: str) -> None:
     with pytest.raises(PrecisionInputError, match=message):
         assert_close(actual, expected)
+
+
+def test_a_result_of_the_wrong_shape_is_an_assertion_failure() -> None:
+    """As in torch.testing: a wrong shape is a wrong result, not a usage error (compare_tensors
+    still raises PrecisionInputError: it cannot measure the pair)."""
+    with pytest.raises(
+        AssertionError, match=r"shape mismatch: actual \(2, 3\) vs expected \(3, 2\)"
+    ):
+        assert_close(torch.zeros(2, 3), torch.zeros(3, 2))
+    with pytest.raises(PrecisionInputError, match="shape mismatch"):
+        compare_tensors(torch.zeros(2, 3), torch.zeros(3, 2))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

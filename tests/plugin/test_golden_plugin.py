@@ -319,6 +319,10 @@ def test_golden_dir_can_be_a_dump(pytester: pytest.Pytester) -> None:
         ["*golden mismatch (golden: *gpu_dump record Module.model.layers.0.mlp.MLP.*output.0)"]
     )
     assert "unused goldens" not in result.stdout.str()
+    # the hint does not send the user to --golden-update, which a dump refuses (#14)
+    result.stdout.fnmatch_lines(["*the golden is a dump (*gpu_dump), which is read-only*"])
+    assert "re-record with" not in result.stdout.str()
+    assert "device: - (golden)" not in result.stdout.str()
     # one usage error at startup, not a failure per test
     update = pytester.runpytest("--golden-dir", "gpu_dump", "--golden-update")
     assert update.ret == pytest.ExitCode.USAGE_ERROR

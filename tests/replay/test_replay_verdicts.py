@@ -326,3 +326,23 @@ def test_attention_with_dropout_is_random(tmp_path: Path) -> None:
         cap.model(torch.randn(1, 2, 4, 8))
     with pytest.raises(NotReplayable, match="dropout_p > 0"):
         replay_op(tmp_path / "d", "Functional.scaled_dot_product_attention.0.forward")
+
+
+def test_a_failing_golden_under_a_noise_verdict_is_explained(
+    dumps: Callable[[str], Path],
+) -> None:
+    """'golden: fail' under an overall 'noise' once read as a contradiction (#14)."""
+    result = replay_op(dumps("clean"), SOFTMAX_1, golden=dumps("context"))
+    assert result.verdict == "noise"
+    assert result.slots[0].golden is not None
+    assert result.slots[0].golden.verdict == "fail"
+    text = result.report()
+    assert "reported only, not part of the verdict" in text
+    assert "The verdict, noise, judges the target's recorded output" in text
+
+
+def test_export_test_refuses_a_missing_folder(dumps: Callable[[str], Path], tmp_path: Path) -> None:
+    """-o /missing/dir/t.py once created the folder elsewhere; now nothing is created (#14)."""
+    target = tmp_path / "missing" / "dir" / "t.py"
+    assert main(["export-test", str(dumps("clean")), SOFTMAX_1, "-o", str(target)]) == 2
+    assert not (tmp_path / "missing").exists()

@@ -1,0 +1,1 @@
+"""diagnosis: from "the answer changed" to the culprit op in one call (``docs/diagnose.md``)."""

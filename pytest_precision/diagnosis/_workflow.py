@@ -1,0 +1,434 @@
+"""``diagnose``: the localization workflow of ``docs/diagnose.md`` in one call.
+
+checklist (config, weights, environment) -> greedy generation on both sides -> the first
+divergent token per row -> a capture of both sides at the step that produces it (statistics of
+every call first, then tensors up to the suspect layer) -> ``compare_dumps`` -> a replay of the
+culprit op on every available device -> an exported regression test -> the HTML report.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._atomic import atomic_write
+from .._errors import PrecisionError, PrecisionInputError
+from ..compare._dumps import compare_dumps
+from ..compare._results import DumpComparison
+from ..output._checklist import ChecklistDiff, diff_configs, diff_environment
+from ..output._tokens import LOGPROB_TOL, TIE_MARGIN, TokenComparison, compare_tokens
+from ..output._weights import fingerprint_weights
+from ..replay._export import export_test
+from ..replay._verdict import ReplayResult, replay_op
+from ..runtime._devices import available_devices
+from ._generation import (
+    Generation,
+    SavedRun,
+    as_batch,
+    capture_step,
+    config_of,
+    device_of,
+    generate,
+    is_saved_run,
+)
+from ._results import Diagnosis, DiagnosisStep, Finding, WeightChange
+
+#: A diagnosis (and the out folder) -> the HTML page's text; the CLI and plugin wire in
+#: ``report._html.diagnosis_html`` (diagnose may not import report/).
+Renderer = Callable[[Diagnosis], str]
+
+#: Causes where the guilty call computed something wrong itself: worth replaying alone.
+_REPLAYED_CAUSES = ("output", "rerun", "amplification")
+#: Relative change of a weight statistic that counts as a different weight (bf16 rounding of
+#: a weight moves its sums by far less).
+_WEIGHT_RTOL = 1e-3
+
+
+class _Side:
+    """One side of the diagnosis: a live model, or a run saved on another machine."""
+
+    def __init__(self, label: str, value: Any) -> None:
+        self.label = label
+        self.model: torch.nn.Module | None = None
+        self.saved: SavedRun | None = None
+        if isinstance(value, torch.nn.Module):
+            self.model = value.eval()
+        elif is_saved_run(value) or isinstance(value, SavedRun):
+            self.saved = value if isinstance(value, SavedRun) else SavedRun(value)
+        else:
+            raise PrecisionInputError(
+                f"{label} must be a torch.nn.Module or a folder written by save_run(), got "
+                f"{value!r}"
+            )
+
+    def generation(self, prompt: torch.Tensor, mask: torch.Tensor | None, n: int) -> Generation:
+        if self.model is not None:
+            return generate(self.model, prompt, mask, n)
+        assert self.saved is not None
+        g = self.saved.generation
+        same_mask = (g.attention_mask is None) == (mask is None) and (
+            mask is None or torch.equal(g.attention_mask, mask)  # type: ignore[arg-type]
+        )
+        if not torch.equal(g.prompt, prompt) or not same_mask:
+            raise PrecisionInputError(
+                f"{self.saved.path}: the saved run was generated from other input_ids or "
+                "another attention_mask; diagnose the same prompt"
+            )
+        if g.tokens.shape[1] < n:
+            raise PrecisionInputError(
+                f"{self.saved.path}: the saved run has {g.tokens.shape[1]} tokens per row, "
+                f"max_new_tokens asks for {n}"
+            )
+        return Generation(g.prompt, g.attention_mask, g.tokens[:, :n], g.logprobs[:, :n])
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        return config_of(self.model) if self.model is not None else self.saved.config  # type: ignore[union-attr]
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        if self.model is not None:
+            return fingerprint_weights(self.model)
+        return self.saved.fingerprint  # type: ignore[union-attr]
+
+    def dump(
+        self, generation: Generation, step: int, path: Path, mode: str, exclude: Iterable[str]
+    ) -> Path:
+        if self.model is not None:
+            return capture_step(self.model, generation, step, path, mode=mode, exclude=exclude)
+        assert self.saved is not None
+        return self.saved.step_dump(step)
+
+
+def diagnose(
+    golden: Any,
+    target: Any,
+    input_ids: Any,
+    *,
+    attention_mask: Any = None,
+    max_new_tokens: int = 16,
+    out: str | os.PathLike[str] | None = None,
+    devices: Iterable[str] | None = None,
+    tie_margin: float = TIE_MARGIN,
+    logprob_tol: float = LOGPROB_TOL,
+    render: Renderer | None = None,
+) -> Diagnosis:
+    """Find where ``target``'s generation departs from ``golden``'s, down to the op.
+
+    ``golden`` and ``target`` are models (``torch.nn.Module`` returning logits, HF causal LMs
+    included), or for either side a folder written by :func:`save_run` (on another machine).
+    ``out`` (default: a new temporary folder) receives the dumps, the exported test and the
+    report. ``devices`` to replay on: default every available one. ``render`` turns the
+    diagnosis into the HTML page (``pytest_precision.diagnose`` wires in the standard one).
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise PrecisionInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    g_side, t_side = _Side("golden", golden), _Side("target", target)
+    prompt, mask = as_batch(input_ids, attention_mask)
+    folder = Path(tempfile.mkdtemp(prefix="precision-diagnosis-")) if out is None else Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    _clear_previous(folder)
+    steps: list[DiagnosisStep] = []
+
+    config_diff, environment_diff, weights = _checklist(g_side, t_side, steps)
+
+    g_gen = g_side.generation(prompt, mask, max_new_tokens)
+    t_gen = t_side.generation(prompt, mask, max_new_tokens)
+    tokens = compare_tokens(
+        g_gen.tokens,
+        t_gen.tokens,
+        golden_logprobs=g_gen.logprobs,
+        target_logprobs=t_gen.logprobs,
+        tie_margin=tie_margin,
+        logprob_tol=logprob_tol,
+    )
+    first = tuple(row.divergence.position for row in tokens.rows)
+    finding, step = _token_finding(tokens)
+    steps.append(DiagnosisStep("tokens", _token_line(tokens, first, max_new_tokens, finding)))
+
+    comparison = divergence = replay = None
+    replays: tuple[ReplayResult, ...] = ()
+    exported: Path | None = None
+    if step is None:
+        steps.append(DiagnosisStep("stop", "tokens and logprobs agree: nothing to localize"))
+    else:
+        comparison = _localize(g_side, t_side, g_gen, step, folder, steps)
+        divergence = comparison.first_divergence
+        if divergence is not None and divergence.cause in _REPLAYED_CAUSES:
+            devs = list(devices) if devices is not None else _default_devices(t_side)
+            replays = _replay(comparison, divergence.name, divergence.step, devs, steps)
+            replay = replays[0] if replays else None
+            exported = _export(comparison, divergence, folder, steps)
+        elif divergence is not None:
+            steps.append(
+                DiagnosisStep(
+                    "replay",
+                    f"not replayed: the cause is {divergence.cause!r} (an input or code one side "
+                    "lacks), not an op computing wrong",
+                )
+            )
+    diagnosis = Diagnosis(
+        finding=finding,
+        first_token=first,
+        tokens=tokens,
+        golden_tokens=tuple(tuple(r) for r in g_gen.tokens.tolist()),
+        target_tokens=tuple(tuple(r) for r in t_gen.tokens.tolist()),
+        step=step,
+        comparison=comparison,
+        divergence=divergence,
+        replay=replay,
+        replays=replays,
+        exported_test=exported,
+        report=None,
+        config_diff=config_diff,
+        environment_diff=environment_diff,
+        weight_changes=weights,
+        steps=tuple(steps),
+        out=folder,
+    )
+    if render is None:
+        return diagnosis
+    page = folder / "report.html"
+    with_report = _replace(diagnosis, report=page)
+    atomic_write(page, render(with_report).encode())
+    return _replace(with_report, steps=(*with_report.steps, DiagnosisStep("report", str(page))))
+
+
+#: The dump folders a diagnosis writes into ``out``.
+_DUMPS = ("golden_statistics", "target_statistics", "golden_dump", "target_dump")
+
+
+def _clear_previous(folder: Path) -> None:
+    """Remove the dumps of an earlier diagnosis in ``folder`` (only folders holding a native
+    dump under the names diagnose uses); anything else there is left alone."""
+    for name in _DUMPS:
+        dump = folder / name
+        if dump.is_dir():
+            if not (dump / "manifest.json").is_file():
+                raise PrecisionInputError(
+                    f"{dump}: exists and is not a dump from an earlier diagnosis; choose "
+                    "another out folder"
+                )
+            shutil.rmtree(dump)
+
+
+def _replace(d: Diagnosis, **changes: Any) -> Diagnosis:
+    import dataclasses
+
+    return dataclasses.replace(d, **changes)
+
+
+def _checklist(
+    g: _Side, t: _Side, steps: list[DiagnosisStep]
+) -> tuple[ChecklistDiff | None, ChecklistDiff | None, tuple[WeightChange, ...]]:
+    g_config, t_config = g.config, t.config
+    config_diff = None
+    if g_config is not None and t_config is not None:
+        config_diff = diff_configs(g_config, t_config)
+        keys = ", ".join(c.key for c in config_diff.changes[:5])
+        steps.append(
+            DiagnosisStep(
+                "config",
+                f"{len(config_diff.changes)} key(s) differ: {keys}" if config_diff else "equal",
+            )
+        )
+    environment_diff = None
+    saved = g.saved or t.saved
+    if saved is not None:
+        other = t.saved if saved is g.saved else g.saved
+        environment_diff = diff_environment(
+            saved.environment, None if other is None else other.environment
+        )
+        keys = ", ".join(c.key for c in environment_diff.changes[:5])
+        steps.append(
+            DiagnosisStep(
+                "environment",
+                f"{len(environment_diff.changes)} difference(s): {keys}"
+                if environment_diff
+                else "equal",
+            )
+        )
+    weights = _weight_changes(g.fingerprint, t.fingerprint)
+    names = ", ".join(w.name for w in weights[:5])
+    steps.append(
+        DiagnosisStep(
+            "weights",
+            f"{len(weights)} parameter(s) differ: {names}" if weights else "fingerprints agree",
+        )
+    )
+    return config_diff, environment_diff, weights
+
+
+def _weight_changes(g: dict[str, Any], t: dict[str, Any]) -> tuple[WeightChange, ...]:
+    changes = []
+    for name in sorted(set(g) | set(t)):
+        a, b = g.get(name), t.get(name)
+        if a is None or b is None:
+            changes.append(WeightChange(name, "missing", a is not None, b is not None))
+            continue
+        if list(a["shape"]) != list(b["shape"]):
+            changes.append(WeightChange(name, "shape", a["shape"], b["shape"]))
+            continue
+        n = max(math.prod(a["shape"]), 1)
+        scale = max(abs(float(a["abs_mean"])), 1e-30)
+        for key, size in (("mean", scale), ("abs_mean", scale), ("std", scale)):
+            if abs(float(a[key]) - float(b[key])) > _WEIGHT_RTOL * size:
+                changes.append(WeightChange(name, key, a[key], b[key]))
+                break
+        else:
+            if abs(float(a["checksum"]) - float(b["checksum"])) > _WEIGHT_RTOL * scale * n**0.5:
+                changes.append(WeightChange(name, "checksum", a["checksum"], b["checksum"]))
+    return tuple(changes)
+
+
+def _token_finding(tokens: TokenComparison) -> tuple[Finding, int | None]:
+    """The finding, and the decode step to localize at: the earliest token that flipped
+    beyond a near tie, else the prefill when only logprobs differ."""
+    flipped = [r.divergence.position for r in tokens.rows if r.status == "diverged"]
+    if flipped:
+        return "tokens", min(p for p in flipped if p is not None)
+    if any(r.status == "logprobs" for r in tokens.rows):
+        return "logprobs", 0
+    return "no difference", None
+
+
+def _token_line(
+    tokens: TokenComparison, first: tuple[int | None, ...], n: int, finding: Finding
+) -> str:
+    where = ", ".join(
+        f"row {i}: {'equal' if p is None else f'position {p}'}" for i, p in enumerate(first)
+    )
+    if finding == "no difference":
+        ties = sum(r.status == "near-tie" for r in tokens.rows)
+        extra = f" ({ties} row(s) part at a near tie)" if ties else ""
+        return (
+            f"no difference: {n} greedy tokens per row agree and logprobs are within "
+            f"{tokens.logprob_tol:g} nats{extra}"
+        )
+    if finding == "logprobs":
+        return (
+            f"same tokens, but logprobs differ beyond {tokens.logprob_tol:g} nats "
+            f"({where}); localizing at the prefill step"
+        )
+    reasons = "; ".join(r.reason for r in tokens.failures)
+    return f"first divergent token: {where}. {reasons}"
+
+
+def _localize(
+    g: _Side, t: _Side, generation: Generation, step: int, folder: Path, steps: list[DiagnosisStep]
+) -> DumpComparison:
+    """Statistics of every call first (live models), then tensors up to the suspect layer."""
+    what = "prefill" if step == 0 else f"decode step {step}"
+    exclude: list[str] = []
+    if g.model is not None and t.model is not None:
+        stats = compare_dumps(
+            g.dump(generation, step, folder / "golden_statistics", "statistics", ()),
+            t.dump(generation, step, folder / "target_statistics", "statistics", ()),
+        )
+        d = stats.first_divergence
+        steps.append(
+            DiagnosisStep(
+                "capture (statistics)",
+                f"{what}: "
+                + (
+                    f"suspect layer {d.layer or d.module or d.name} ({d.name})"
+                    if d is not None
+                    else f"no divergence in statistics (verdict {stats.verdict}); capturing "
+                    "every tensor"
+                ),
+            )
+        )
+        if d is not None and d.layer is not None:
+            exclude = _later_layers(t.model, d.layer)
+    comparison = compare_dumps(
+        g.dump(generation, step, folder / "golden_dump", "tensor", exclude),
+        t.dump(generation, step, folder / "target_dump", "tensor", exclude),
+    )
+    d = comparison.first_divergence
+    scope = "up to the suspect layer" if exclude else "every call"
+    steps.append(
+        DiagnosisStep(
+            "compare",
+            f"{what}, tensors of {scope}: "
+            + (
+                f"{d.name} in {d.module or '-'} (layer {d.layer or '-'}), cause {d.cause}: "
+                f"{d.reason}"
+                if d is not None
+                else f"no guilty call (verdict {comparison.verdict})"
+            ),
+        )
+    )
+    return comparison
+
+
+def _later_layers(model: torch.nn.Module | None, layer: str) -> list[str]:
+    """Exclude patterns for the layers after ``layer`` (``model.layers.3``)."""
+    match = re.fullmatch(r"(.*\.)?(\w+)\.(\d+)", layer)
+    if model is None or match is None:
+        return []
+    prefix = layer[: -len(match.group(3))]
+    later = []
+    for name, _ in model.named_modules():
+        rest = name[len(prefix) :] if name.startswith(prefix) else ""
+        if rest.isdigit() and int(rest) > int(match.group(3)):
+            later += [name, f"{name}.*"]
+    return later
+
+
+def _default_devices(target: _Side) -> list[str]:
+    names = [b.name for b in available_devices()]
+    if target.model is not None:
+        own = device_of(target.model).type
+        names = [own] + [n for n in names if n != own]
+    return names
+
+
+def _replay(
+    comparison: DumpComparison,
+    name: str,
+    step: int,
+    devices: list[str],
+    steps: list[DiagnosisStep],
+) -> tuple[ReplayResult, ...]:
+    results = []
+    for device in devices:
+        try:
+            results.append(
+                replay_op(comparison.target, name, device, golden=comparison.golden, step=step)
+            )
+        except PrecisionError as exc:
+            steps.append(DiagnosisStep(f"replay on {device}", f"not replayed: {exc}"))
+            continue
+        r = results[-1]
+        steps.append(DiagnosisStep(f"replay on {device}", f"{r.verdict}: {r.reason}"))
+    return tuple(results)
+
+
+def _export(
+    comparison: DumpComparison, divergence: Any, folder: Path, steps: list[DiagnosisStep]
+) -> Path | None:
+    slug = re.sub(r"\W+", "_", divergence.name).strip("_").lower()
+    file = folder / f"test_replay_{slug}.py"
+    try:
+        export_test(
+            comparison.target,
+            divergence.name,
+            file,
+            golden=comparison.golden,
+            step=divergence.step,
+            rank=divergence.rank,
+            force=True,
+        )
+    except PrecisionError as exc:
+        steps.append(DiagnosisStep("export", f"no test exported: {exc}"))
+        return None
+    steps.append(DiagnosisStep("export", str(file)))
+    return file

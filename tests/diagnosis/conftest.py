@@ -1,0 +1,8 @@
+"""The planted-bug helpers (``planted.py``) are imported by the tests of this folder."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

@@ -20,8 +20,8 @@ import torch
 from .._atomic import atomic_write
 from .._errors import PrecisionInputError
 from ..dump._capture import capture
-from ..output._checklist import precision_environment
 from ..output._weights import fingerprint_weights
+from ..runtime._environment import precision_environment
 
 #: The file that marks a folder as a saved run.
 RUN_FILE = "run.json"

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from ..compare._results import Divergence, DumpComparison
-    from ..output._checklist import ChecklistDiff
     from ..output._tokens import TokenComparison
     from ..replay._verdict import ReplayResult
+    from ..runtime._environment import ChecklistDiff
 
 #: ``no difference``: tokens equal and logprobs within the tolerance (or a near tie);
 #: ``logprobs``: same tokens, logprobs differ beyond rounding; ``tokens``: a token flipped.

@@ -23,12 +23,13 @@ from .._atomic import atomic_write
 from .._errors import PrecisionError, PrecisionInputError
 from ..compare._dumps import compare_dumps
 from ..compare._results import DumpComparison
-from ..output._checklist import ChecklistDiff, diff_configs, diff_environment
+from ..output._checklist import diff_configs
 from ..output._tokens import LOGPROB_TOL, TIE_MARGIN, TokenComparison, compare_tokens
 from ..output._weights import fingerprint_weights
 from ..replay._export import export_test
 from ..replay._verdict import ReplayResult, replay_op
 from ..runtime._devices import available_devices
+from ..runtime._environment import ChecklistDiff, diff_environment
 from ._generation import (
     Generation,
     SavedRun,

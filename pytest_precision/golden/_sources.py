@@ -13,7 +13,7 @@ import torch
 from .._errors import DumpFormatError, PrecisionError, PrecisionInputError
 from ..dump import Dump, Record
 from ..runtime._devices import flat_fingerprint
-from ..runtime._environment import diff_environment
+from ..runtime._environment import ENVIRONMENT_ORDER, diff_flat
 from ._files import GoldenFile, read_golden
 from ._layout import MARKER, golden_relpath, is_golden_dir
 
@@ -53,10 +53,13 @@ def recorded_device(flat: Mapping[str, str]) -> str:
 
 def environment_diff(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
     """The checklist lines where the golden's environment differs from this run's, the most
-    likely culprit first (the same ordering as :func:`diff_environment`)."""
+    likely culprit first (ordered as :func:`diff_environment` orders). Both records come from
+    :func:`environment_record`, which leaves unset variables out: a key on one side only is a
+    difference (an env var set now and not then)."""
+    changes = diff_flat("environment", recorded, current, ENVIRONMENT_ORDER, (), whole=True)
     return [
         f"  {c.key}: {c.golden or '-'} (golden) vs {c.target or '-'} (now)  [{c.category}]"
-        for c in diff_environment(recorded, current).changes
+        for c in changes.changes
     ]
 
 

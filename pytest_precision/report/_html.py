@@ -20,8 +20,8 @@ from ..compare._results import DumpComparison, RecordComparison, layer_of
 
 if TYPE_CHECKING:
     from ..diagnosis._results import Diagnosis
-    from ..output._checklist import ChecklistDiff
     from ..replay._verdict import ReplayResult
+    from ..runtime._environment import ChecklistDiff
 
 
 def _num(value: float | None) -> float | str | None:

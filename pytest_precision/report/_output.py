@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..output._badcases import BadCases
-    from ..output._checklist import ChecklistDiff
     from ..output._scores import ScoreCheck
     from ..output._symptoms import Symptom
     from ..output._tokens import RowTokens, TokenComparison
     from ..output._weights import WeightsReport
+    from ..runtime._environment import ChecklistDiff
 
 
 def tokens_text(result: TokenComparison) -> str:

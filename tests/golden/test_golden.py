@@ -264,8 +264,11 @@ def test_failure_lists_environment_differences(
         Golden(tmp_path, TEST_ID)(_value(1.1), "out")
     message = str(info.value)
     assert "environment differs from the run that recorded the golden:" in message
-    assert f"  torch: {torch.__version__} (golden) vs 9.9.9 (now)" in message
-    assert "  env.HCCL_DETERMINISTIC: - (golden) vs TRUE (now)" in message
+    torch_line = f"  torch: {torch.__version__} (golden) vs 9.9.9 (now)  [library versions]"
+    env_line = "  env.HCCL_DETERMINISTIC: - (golden) vs TRUE (now)  [environment variables]"
+    assert torch_line in message
+    assert env_line in message
+    assert message.index(torch_line) < message.index(env_line)  # likely culprit first
     assert "python:" not in message
 
 

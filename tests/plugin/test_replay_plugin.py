@@ -165,6 +165,7 @@ F.silu = broken
 
 def test_export_test_round_trip(pytester: pytest.Pytester, captures: Path) -> None:
     test_file = pytester.path / "mail" / "test_silu.py"
+    test_file.parent.mkdir()  # export-test refuses a missing folder rather than guess
     dump, args = captures / "clean", ["-o", str(test_file), "--golden", str(captures / "clean")]
     assert main(["export-test", str(dump), SILU_0, *args]) == 0
     mini = load_dump(test_file.with_name("test_silu_dump"))

@@ -77,8 +77,36 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
+#: Ops whose every output element is a sum of products of input elements (plus a bias): rerun
+#: on the inputs' absolute values they give the magnitude of the terms each sum adds up.
+# fmt: off
+_CONTRACTIONS = frozenset({
+    "linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm", "addmv",
+    "mv", "dot", "einsum", "sum", "mean",
+})
+
+
+# fmt: on
+def is_contraction(call: Call) -> bool:
+    """True for the linear contractions and sums whose rounding scales with their terms."""
+    return call.kind in ("Functional", "Torch", "Tensor") and call.op in _CONTRACTIONS
+
+
+def _magnitude_scalars(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``addmm``'s ``alpha`` and ``beta`` by their absolute values (a negative one would make
+    the terms cancel)."""
+    return {
+        key: abs(value) if key in ("alpha", "beta") and isinstance(value, float | int) else value
+        for key, value in kwargs.items()
+    }
+
+
 def recompute(
-    call: Call, *, dtype: torch.dtype | None = torch.float64, device: str | torch.device = "cpu"
+    call: Call,
+    *,
+    dtype: torch.dtype | None = torch.float64,
+    device: str | torch.device = "cpu",
+    magnitude: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Rerun the op on ``device``; its tensor outputs by slot (``output.0``, ``output.0.1``),
     keyed like ``call.outputs``.
@@ -98,9 +126,14 @@ def recompute(
 
     def convert(tensor: torch.Tensor) -> torch.Tensor:
         new_dtype = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-        return tensor.to(device=target, dtype=new_dtype, copy=copy)
+        moved = tensor.to(device=target, dtype=new_dtype, copy=copy)
+        return moved.abs() if magnitude and moved.is_floating_point() else moved
 
+    if magnitude and not is_contraction(call):
+        raise PrecisionInputError(f"{call.name}: the magnitude of terms needs a contraction")
     args, kwargs = rebuild_arguments(call, convert=convert)
+    if magnitude:
+        kwargs = _magnitude_scalars(kwargs)
     if dtype is not None:
         args, kwargs = _at_precision(args, dtype), _at_precision(kwargs, dtype)
         if call.kind == "Tensor" and call.op in _FLOAT_CASTS:
@@ -140,14 +173,16 @@ def _cast_to(dtype: torch.dtype, tensor: torch.Tensor, **kwargs: Any) -> torch.T
 
 class Rerun:
     """What a correct op gives for a recorded call, judged output by output: the float64 rerun
-    for floats (within the rounding of the output's dtype), the CPU rerun at the recorded
-    dtypes for indices and masks (``x > 0.1`` compares with 0.1 rounded to the input's dtype,
-    which the float64 rerun does not)."""
+    for floats (within the rounding of the output's dtype; for a contraction also within the
+    rounding of another accumulation order, scaled by the magnitude of its terms), the CPU
+    rerun at the recorded dtypes for indices and masks (``x > 0.1`` compares with 0.1 rounded
+    to the input's dtype, which the float64 rerun does not)."""
 
     def __init__(self, call: Call) -> None:
         self.call = call
         self.exact = recompute(call)
         self._same_dtypes: dict[str, torch.Tensor] | None = None
+        self._magnitudes: dict[str, torch.Tensor] | None = None
         #: "slot: n element(s)" for each output whose float64 result overflows its dtype
         self.overflowed: list[str] = []
 
@@ -163,12 +198,24 @@ class Rerun:
         if actual.is_floating_point():
             if saturate:
                 exact = self._saturated(slot, exact, actual.dtype)
-            return judge_rounding(actual, exact, actual.dtype)
+            return judge_rounding(actual, exact, actual.dtype, magnitude=self._magnitude(slot))
         if not actual.is_complex():
             if self._same_dtypes is None:
                 self._same_dtypes = recompute(self.call, dtype=None)
             exact = self._same_dtypes[slot]
         return judge_rounding(actual, exact, actual.dtype)
+
+    def _magnitude(self, slot: str) -> torch.Tensor | None:
+        """The magnitude of the terms each element of a contraction's output adds up (float64),
+        which bounds how another accumulation order may round it; None for other ops."""
+        if not is_contraction(self.call):
+            return None
+        if self._magnitudes is None:
+            try:
+                self._magnitudes = recompute(self.call, magnitude=True)
+            except NotReplayable:
+                self._magnitudes = {}
+        return self._magnitudes.get(slot)
 
     def _saturated(self, slot: str, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         cast = exact.to(dtype)

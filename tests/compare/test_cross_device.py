@@ -23,7 +23,8 @@ from pytest_precision import capture, compare_dumps
 
 
 class SplitKAccumulation(TorchFunctionMode):
-    """``F.linear`` of bfloat16 tensors with bfloat16 partial sums over blocks of 16 inputs.
+    """``F.linear`` and ``torch.addmm`` (GPT-2's Conv1D) of bfloat16 tensors with bfloat16
+    partial sums over blocks of 16 inputs.
 
     Entered outside ``capture`` so that the capture records the op as the model called it (bf16
     in, bf16 out) and only the kernel underneath differs."""
@@ -38,18 +39,25 @@ class SplitKAccumulation(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        x = args[0] if args else None
-        if func is not F.linear or not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
-            return func(*args, **kwargs)
-        weight = args[1] if len(args) > 1 else kwargs["weight"]
-        bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        if func is F.linear and args[0].dtype == torch.bfloat16 and not kwargs:
+            x, weight, *rest = args
+            total = self._split_k(x, weight.t())
+            return total + rest[0] if rest and rest[0] is not None else total
+        if func is torch.addmm and args[1].dtype == torch.bfloat16 and not kwargs:
+            bias, x, weight = args
+            return bias + self._split_k(x, weight)
+        return func(*args, **kwargs)
+
+    def _split_k(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``x @ w`` with each block of the reduction computed in float32 and rounded to bf16,
+        the blocks then added in bf16."""
         total = None
         for start in range(0, x.shape[-1], self.block):
             stop = start + self.block
-            part = F.linear(x[..., start:stop].float(), weight[:, start:stop].float()).bfloat16()
+            part = (x[..., start:stop].float() @ w[start:stop].float()).bfloat16()
             total = part if total is None else total + part
         assert total is not None
-        return total if bias is None else total + bias
+        return total
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +86,11 @@ def test_a_bf16_run_on_another_device_is_noise(arch: str, mode: str, tmp_path: P
     target = _capture(model, tmp_path / "target", mode, other_device=True)
     result = compare_dumps(golden, target)
     assert result.first_divergence is None, result.report()
-    assert result.verdict == "pass", result.report()
+    # Every drifting call that can be rerun is cleared by its rerun. A statistics dump holds no
+    # tensors to rerun from, and MoE's grouped matmul has no CPU rerun: there the differing calls
+    # stay unverified, and the comparison says inconclusive rather than pass (never a culprit).
+    verifiable = mode == "tensor" and arch != "mixtral"
+    assert result.verdict == ("pass" if verifiable else "inconclusive"), result.report()
 
 
 def test_the_simulated_device_really_computes_differently() -> None:

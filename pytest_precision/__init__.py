@@ -30,6 +30,7 @@ if typing.TYPE_CHECKING:
     from .numerics._assertions import Comparison, assert_close
     from .numerics._comparison import TensorComparison, compare_tensors, default_standard
     from .numerics._envelopes import ModelLevel, Spread
+    from .numerics._precision_checker import PrecisionChecker
     from .numerics._standards import (
         AllClose,
         Exact,
@@ -86,6 +87,7 @@ __all__ = [
     "Golden",
     "ModelLevel",
     "OutputCheckFailed",
+    "PrecisionChecker",
     "PrecisionError",
     "PrecisionInputError",
     "PrecisionWarning",
@@ -166,6 +168,7 @@ _MODULES = {
     ".numerics._assertions": ("Comparison", "assert_close"),
     ".numerics._comparison": ("TensorComparison", "compare_tensors", "default_standard"),
     ".numerics._envelopes": ("ModelLevel", "Spread"),
+    ".numerics._precision_checker": ("PrecisionChecker",),
     ".numerics._standards": (
         "AllClose",
         "Exact",

@@ -27,6 +27,7 @@ EXPECTED = {
     "Spread",
     "assert_layers_close_to_golden",
     "float64_reference",
+    "PrecisionChecker",
     "PrecisionError",
     "PrecisionInputError",
     "PrecisionWarning",

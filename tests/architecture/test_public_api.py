@@ -47,6 +47,7 @@ EXPECTED = {
     "assert_close_to_golden",
     "assert_deterministic",
     "capture",
+    "capture_vllm",
     "compare_tensors",
     "default_standard",
     "load_dump",

@@ -29,9 +29,11 @@ if typing.TYPE_CHECKING:
     from .golden._golden import Golden
     from .golden._layers import assert_layers_close_to_golden
     from .golden._reference import float64_reference
+    from .integrations._vllm import capture_vllm
     from .numerics._assertions import Comparison, assert_close
     from .numerics._comparison import TensorComparison, compare_tensors, default_standard
     from .numerics._envelopes import ModelLevel, Spread
+    from .numerics._precision_checker import PrecisionChecker
     from .numerics._standards import (
         AllClose,
         Exact,
@@ -91,6 +93,7 @@ __all__ = [
     "Golden",
     "ModelLevel",
     "OutputCheckFailed",
+    "PrecisionChecker",
     "PrecisionError",
     "PrecisionInputError",
     "PrecisionWarning",
@@ -130,6 +133,7 @@ __all__ = [
     "assert_tokens_close",
     "assert_weights_loaded",
     "capture",
+    "capture_vllm",
     "check_scores",
     "check_weights_loaded",
     "compare_dumps",
@@ -173,9 +177,11 @@ _MODULES = {
     ".golden._golden": ("Golden",),
     ".golden._layers": ("assert_layers_close_to_golden",),
     ".golden._reference": ("float64_reference",),
+    ".integrations._vllm": ("capture_vllm",),
     ".numerics._assertions": ("Comparison", "assert_close"),
     ".numerics._comparison": ("TensorComparison", "compare_tensors", "default_standard"),
     ".numerics._envelopes": ("ModelLevel", "Spread"),
+    ".numerics._precision_checker": ("PrecisionChecker",),
     ".numerics._standards": (
         "AllClose",
         "Exact",

@@ -32,6 +32,7 @@ from ..numerics._dtypes import dtype_name
 from ._leaves import has_tensor, input_leaves, output_leaves
 from ._native import encode_value, json_members, json_text
 from ._recorded import RecordedTensors
+from ._uninitialized import UninitializedMemory
 from ._writer import DumpWriter, summarize
 
 Level = Literal["module", "op", "mix"]
@@ -72,6 +73,8 @@ class _OpInfo:
     api: str
     #: a metadata read (``.size()``, ``.shape``): recorded only when it returns a tensor
     metadata: bool
+    #: (position, name) of the arguments a ``torch.ops`` custom op writes (``out`` buffers)
+    mutated: tuple[tuple[int, str], ...] = ()
 
     @functools.cached_property
     def members(self) -> str:
@@ -81,6 +84,17 @@ class _OpInfo:
 
 def _classify(func: Any) -> _OpInfo:
     """How a function seen by ``__torch_function__`` is named and recorded."""
+    if isinstance(func, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+        # torch.ops.<ns>.<op>[.<overload>]: aten ops as msprobe names them (Aten.add.Tensor),
+        # registered custom ops (vLLM's _C.*, attention backends) by their qualified name.
+        packet = func if isinstance(func, torch._ops.OpOverloadPacket) else func.overloadpacket
+        namespace, _, op = packet._qualified_op_name.partition("::")
+        overload = getattr(func, "_overloadname", "default")
+        op = op if overload == "default" else f"{op}.{overload}"
+        if namespace == "aten":
+            return _OpInfo("Aten", op, f"Aten.{op}", False)
+        api = f"Custom.{namespace}.{op}"
+        return _OpInfo("Custom", f"{namespace}.{op}", api, False, _written_arguments(func))
     functional = _functional_names().get(func) if isinstance(func, Hashable) else None
     if functional is not None:
         return _OpInfo("Functional", functional, f"Functional.{functional}", False)
@@ -91,6 +105,21 @@ def _classify(func: Any) -> _OpInfo:
     qualname = getattr(func, "__qualname__", "") or ""
     kind = "Tensor" if qualname.startswith(("TensorBase.", "Tensor.")) else "Torch"
     return _OpInfo(kind, name, f"{kind}.{name}", name in _METADATA)
+
+
+def _written_arguments(func: Any) -> tuple[tuple[int, str], ...]:
+    """Arguments its schema marks written (``Tensor(a!) out``), recorded again after the call."""
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        overloads = func.overloads()
+        func = getattr(func, "default" if "default" in overloads else overloads[0], None)
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return ()
+    return tuple(
+        (i, a.name)
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
 
 
 _classify_cached = functools.lru_cache(maxsize=4096)(_classify)
@@ -170,9 +199,19 @@ class _OpMode(TorchFunctionMode):
         head = capture._op_head(info)
         if head is None:
             return func(*args, **kwargs)
+        if info.kind == "Custom":
+            capture._uninitialized.handles(args)
         capture._record_values(head, input_leaves(args, kwargs))  # before the call: in-place ops
         output = func(*args, **kwargs)
+        capture._uninitialized.after_call(info.api, args, kwargs, output)
         capture._record_values(head, output_leaves(output))
+        if info.mutated:  # out buffers of custom ops, as filled by the call
+            written = [
+                (f"output.{n}", args[i] if i < len(args) else kwargs.get(n))
+                for i, n in info.mutated
+            ]
+            capture._uninitialized.written(v for _, v in written)
+            capture._record_values(head, written)
         return output
 
 
@@ -207,6 +246,7 @@ class Capture:
         self._module_calls: dict[str, int] = {}
         self._op_calls: dict[str, int] = {}
         self._recorded = RecordedTensors(self._forget_key)
+        self._uninitialized = UninitializedMemory()  # recorded without data
         self._keys = itertools.count()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._mode: _OpMode | None = None
@@ -262,6 +302,7 @@ class Capture:
             handle.remove()
         self._handles.clear()
         self._recorded.clear()
+        self._uninitialized.clear()
         if self._writer is not None:
             self._writer.close(interrupted_by=None if exc is None else repr(exc))
             self._writer = None
@@ -360,8 +401,13 @@ class Capture:
         if t.layout is torch.strided and not t.is_contiguous():  # data is stored contiguous
             members = f'{members},"stride":{json_text(t.stride())}'
         step = self.step_index
-        if t.layout is not torch.strided or t.is_quantized or t.is_meta:
-            writer.add_encoded(members, step)  # no dense data to summarize or store
+        if (
+            t.layout is not torch.strided
+            or t.is_quantized
+            or t.is_meta
+            or self._uninitialized.holds(t)
+        ):
+            writer.add_encoded(members, step)  # no dense data (or none worth one) to store
             return
         key = self._recorded.key_of(t)
         if key is not None:  # recorded before and unchanged since: share its data and statistics

@@ -3,6 +3,10 @@
 Layout: ``[stepN/][rankN | rank | proc<pid>/]`` folders, each holding ``dump.json`` (one entry per
 call, in the order calls finished), an optional ``construct.json`` (call -> enclosing call) and,
 for the tensor task, ``dump_tensor_data/`` with one ``.pt`` (or ``.npy``) file per tensor.
+msprobe-PyTorch names module calls ``Module.<path>.<Class>.forward.<n>``; msprobe-MindSpore
+writes ``.npy`` and names them ``Cell.<path>.<Class>.forward.<n>``: both are read as modules
+(kind ``Module``, the path as the module path), every other call (``Functional.*``,
+``Tensor.*``, ``Torch.*``, ``Aten.*``, ``Primitive.*``, ``Mint.*``, ...) as an op.
 ``dump_data_dir`` inside ``dump.json`` is a path on the recording machine and is ignored: data
 files are looked up in the rank folder's own ``dump_tensor_data/`` and must stay inside it.
 """
@@ -30,6 +34,8 @@ DATA_DIR = "dump_tensor_data"
 
 _STEP_DIR = re.compile(r"step(\d+)")
 _RANK_DIR = re.compile(r"rank(\d*)|proc(\d+)")
+#: Call-name prefixes of module calls: msprobe-PyTorch's ``Module``, msprobe-MindSpore's ``Cell``
+_MODULE_PREFIXES = ("Module", "Cell")
 #: dump.json keys of one call -> slot prefix; other keys (``is_recompute``, ...) carry no values
 _SLOT_PREFIXES = {
     "input_args": "input",
@@ -152,11 +158,13 @@ def _parse_name(name: str) -> tuple[str, str, str | None]:
     """``kind``, ``op`` and, for modules, the dotted module path of an msprobe call name.
 
     ``Module.block.fc1.Linear.forward.0`` -> ``("Module", "Linear", "block.fc1")``;
+    ``Cell.block.fc1.Dense.forward.0`` -> ``("Module", "Dense", "block.fc1")``;
     ``Functional.linear.0.forward`` -> ``("Functional", "linear", None)``;
+    ``Primitive.matmul.MatMul.0.forward`` -> ``("Primitive", "matmul.MatMul", None)``;
     ``Aten.add.Tensor.0.forward`` -> ``("Aten", "add.Tensor", None)``.
     """
     parts = name.split(".")
-    if parts[0] == "Module" and len(parts) >= 4:
+    if parts[0] in _MODULE_PREFIXES and len(parts) >= 4:
         return "Module", parts[-3], ".".join(parts[1:-3])
     if len(parts) >= 4 and parts[-1] in ("forward", "backward"):
         return parts[0], ".".join(parts[1:-2]), None

@@ -70,7 +70,12 @@ def encode_value(value: Any) -> Any:
         return {"$ellipsis": None}
     if isinstance(value, dict) and all(isinstance(key, str) for key in value):
         return {"$dict": {key: encode_value(item) for key, item in value.items()}}
-    return {"$repr": repr(value)}
+    # An object's default repr holds its address, which differs from run to run: keep the type.
+    return {"$repr": _ADDRESS.sub(">", repr(value))}
+
+
+#: `` at 0x7f39...>`` at the end of a default ``object.__repr__``
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
 
 
 def decode_value(value: Any) -> Any:

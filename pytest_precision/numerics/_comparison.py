@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .._errors import PrecisionInputError
+from . import _precision_checker  # noqa: F401  (registers the "precision_checker" standard)
 from ._dtypes import dtype_name, lower_precision
 from ._measure import ErrorMetrics, NonFinite, measure
 from ._standards import (
@@ -153,6 +154,7 @@ def judge_pair(
     _check_pair(actual, expected, "expected")
     if reference is not None:
         _check_pair(actual, reference, "reference")
+    standard = standard.bind(actual, expected)
     rule = standard.rule(dtype)
     metrics = measure(actual, expected, rule, dtype=dtype)
     pair: ReferencePair | None = None

@@ -29,7 +29,9 @@ VERDICT_ORDER: dict[Verdict, int] = {"pass": 0, "warn": 1, "fail": 2}
 ReferencePair = tuple[ErrorMetrics, ErrorMetrics]
 
 
-StandardName = Literal["allclose", "ratio", "ulp", "reference", "exact", "model", "spread"]
+StandardName = Literal[
+    "allclose", "ratio", "ulp", "reference", "exact", "model", "spread", "precision_checker"
+]
 
 
 #: torch.testing.assert_close's default (rtol, atol) per dtype.
@@ -122,6 +124,11 @@ class Standard:
 
     def rule(self, dtype: torch.dtype) -> ElementRule:
         raise NotImplementedError
+
+    def bind(self, actual: torch.Tensor, expected: torch.Tensor) -> Standard:
+        """The standard ready to judge this pair: one that needs more than the shared metrics
+        pass measures it here (``precision_checker``); the others are ready as they are."""
+        return self
 
     def judge(self, comparison: ErrorMetrics, vs_reference: ReferencePair | None) -> Judgement:
         raise NotImplementedError
@@ -386,6 +393,8 @@ def _pct(share: float) -> str:
     return f"{100 * share:.4g} %"
 
 
+#: Standards by name; ``precision_checker`` (its own module, numerics/_precision_checker.py)
+#: adds itself, and numerics/_comparison.py, which resolves names, imports it.
 STANDARDS: dict[str, type[Standard]] = {
     cls.name: cls for cls in (AllClose, Ratio, Ulp, Reference, Exact)
 }

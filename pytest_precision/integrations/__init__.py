@@ -1,0 +1,1 @@
+"""Integrations with inference engines: ``capture_vllm`` (docs/vllm.md)."""

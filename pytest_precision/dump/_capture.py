@@ -17,20 +17,19 @@ import itertools
 import re
 import sys
 import warnings
-from collections.abc import Collection, Hashable, Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError, PrecisionWarning
 from ..numerics._dtypes import dtype_name
 from ._leaves import has_tensor, input_leaves, output_leaves
 from ._native import encode_value, json_members, json_text
+from ._op_names import OpInfo, op_info
 from ._recorded import RecordedTensors
 from ._uninitialized import UninitializedMemory
 from ._writer import DumpWriter, summarize
@@ -38,98 +37,7 @@ from ._writer import DumpWriter, summarize
 Level = Literal["module", "op", "mix"]
 Mode = Literal["tensor", "statistics"]
 
-#: Tensor methods that only read metadata; calls of these (and property reads such as
-#: ``.shape``) become records only if they return a tensor.
-# fmt: off
-_METADATA = frozenset({
-    "size", "dim", "ndimension", "numel", "nelement", "stride", "storage_offset",
-    "is_contiguous", "is_floating_point", "is_complex", "is_signed", "element_size", "data_ptr",
-    "get_device", "is_pinned", "has_names", "untyped_storage",
-    "__len__", "__repr__", "__format__", "__hash__", "__dir__",
-})
 # fmt: on
-
-
-# -- naming operators ------------------------------------------------------------------------------
-
-
-@functools.cache
-def _functional_names() -> dict[Any, str]:
-    """``torch.nn.functional``'s public callables, by object (``F.linear`` is a torch builtin)."""
-    return {
-        obj: name
-        for name in dir(F)
-        if not name.startswith("_") and callable(obj := getattr(F, name, None))
-    }
-
-
-@dataclass(frozen=True)
-class _OpInfo:
-    """How calls of one torch function are named; worked out once per function."""
-
-    kind: str
-    op: str
-    #: ``kind.op``, the prefix of the call names
-    api: str
-    #: a metadata read (``.size()``, ``.shape``): recorded only when it returns a tensor
-    metadata: bool
-    #: (position, name) of the arguments a ``torch.ops`` custom op writes (``out`` buffers)
-    mutated: tuple[tuple[int, str], ...] = ()
-
-    @functools.cached_property
-    def members(self) -> str:
-        """``,"kind":...,"op":...`` of its records, encoded once."""
-        return "," + json_members({"kind": self.kind, "op": self.op})
-
-
-def _classify(func: Any) -> _OpInfo:
-    """How a function seen by ``__torch_function__`` is named and recorded."""
-    if isinstance(func, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
-        # torch.ops.<ns>.<op>[.<overload>]: aten ops as msprobe names them (Aten.add.Tensor),
-        # registered custom ops (vLLM's _C.*, attention backends) by their qualified name.
-        packet = func if isinstance(func, torch._ops.OpOverloadPacket) else func.overloadpacket
-        namespace, _, op = packet._qualified_op_name.partition("::")
-        overload = getattr(func, "_overloadname", "default")
-        op = op if overload == "default" else f"{op}.{overload}"
-        if namespace == "aten":
-            return _OpInfo("Aten", op, f"Aten.{op}", False)
-        api = f"Custom.{namespace}.{op}"
-        return _OpInfo("Custom", f"{namespace}.{op}", api, False, _written_arguments(func))
-    functional = _functional_names().get(func) if isinstance(func, Hashable) else None
-    if functional is not None:
-        return _OpInfo("Functional", functional, f"Functional.{functional}", False)
-    owner = getattr(func, "__self__", None)
-    if type(owner).__name__ == "getset_descriptor":  # a Tensor property such as .T or .shape
-        return _OpInfo("Tensor", owner.__name__, f"Tensor.{owner.__name__}", True)
-    name = getattr(func, "__name__", None) or type(func).__name__
-    qualname = getattr(func, "__qualname__", "") or ""
-    kind = "Tensor" if qualname.startswith(("TensorBase.", "Tensor.")) else "Torch"
-    return _OpInfo(kind, name, f"{kind}.{name}", name in _METADATA)
-
-
-def _written_arguments(func: Any) -> tuple[tuple[int, str], ...]:
-    """Arguments its schema marks written (``Tensor(a!) out``), recorded again after the call."""
-    if isinstance(func, torch._ops.OpOverloadPacket):
-        overloads = func.overloads()
-        func = getattr(func, "default" if "default" in overloads else overloads[0], None)
-    schema = getattr(func, "_schema", None)
-    if schema is None:
-        return ()
-    return tuple(
-        (i, a.name)
-        for i, a in enumerate(schema.arguments)
-        if a.alias_info is not None and a.alias_info.is_write
-    )
-
-
-_classify_cached = functools.lru_cache(maxsize=4096)(_classify)
-
-
-def _op_info(func: Any) -> _OpInfo:
-    try:
-        return _classify_cached(func)
-    except TypeError:  # an unhashable callable
-        return _classify(func)
 
 
 def _private_copy(t: torch.Tensor) -> torch.Tensor:
@@ -187,7 +95,7 @@ class _OpMode(TorchFunctionMode):
         # Our own work, or a call outside the model's forward.
         if capture._busy or not capture._stack or not capture._recording:
             return func(*args, **kwargs)
-        info = _op_info(func)
+        info = op_info(func)
         if info.metadata:
             output = func(*args, **kwargs)
             if has_tensor(output):  # a property such as .T
@@ -361,7 +269,7 @@ class Capture:
         fields["step"] = self.step_index
         return json_members(fields)
 
-    def _op_head(self, info: _OpInfo) -> _Head | None:
+    def _op_head(self, info: OpInfo) -> _Head | None:
         """The shared fields of the next call of an op; ``None`` when include/exclude drop it."""
         count = self._op_calls.get(info.api, 0)
         self._op_calls[info.api] = count + 1

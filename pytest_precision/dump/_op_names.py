@@ -1,0 +1,104 @@
+"""How capture names an operator call: its kind (``Functional``, ``Tensor``, ``Torch``, ``Aten``,
+``Custom``), its op and call-name prefix, whether it only reads metadata, and which arguments a
+custom op writes. Worked out once per function (cached), since capture asks on every call."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ._native import json_members
+
+#: Tensor methods that only read metadata; calls of these (and property reads such as
+#: ``.shape``) become records only if they return a tensor.
+# fmt: off
+_METADATA = frozenset({
+    "size", "dim", "ndimension", "numel", "nelement", "stride", "storage_offset",
+    "is_contiguous", "is_floating_point", "is_complex", "is_signed", "element_size", "data_ptr",
+    "get_device", "is_pinned", "has_names", "untyped_storage",
+    "__len__", "__repr__", "__format__", "__hash__", "__dir__",
+})
+
+
+@functools.cache
+def _functional_names() -> dict[Any, str]:
+    """``torch.nn.functional``'s public callables, by object (``F.linear`` is a torch builtin)."""
+    return {
+        obj: name
+        for name in dir(F)
+        if not name.startswith("_") and callable(obj := getattr(F, name, None))
+    }
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """How calls of one torch function are named; worked out once per function."""
+
+    kind: str
+    op: str
+    #: ``kind.op``, the prefix of the call names
+    api: str
+    #: a metadata read (``.size()``, ``.shape``): recorded only when it returns a tensor
+    metadata: bool
+    #: (position, name) of the arguments a ``torch.ops`` custom op writes (``out`` buffers)
+    mutated: tuple[tuple[int, str], ...] = ()
+
+    @functools.cached_property
+    def members(self) -> str:
+        """``,"kind":...,"op":...`` of its records, encoded once."""
+        return "," + json_members({"kind": self.kind, "op": self.op})
+
+
+def _classify(func: Any) -> OpInfo:
+    """How a function seen by ``__torch_function__`` is named and recorded."""
+    if isinstance(func, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+        # torch.ops.<ns>.<op>[.<overload>]: aten ops as msprobe names them (Aten.add.Tensor),
+        # registered custom ops (vLLM's _C.*, attention backends) by their qualified name.
+        packet = func if isinstance(func, torch._ops.OpOverloadPacket) else func.overloadpacket
+        namespace, _, op = packet._qualified_op_name.partition("::")
+        overload = getattr(func, "_overloadname", "default")
+        op = op if overload == "default" else f"{op}.{overload}"
+        if namespace == "aten":
+            return OpInfo("Aten", op, f"Aten.{op}", False)
+        api = f"Custom.{namespace}.{op}"
+        return OpInfo("Custom", f"{namespace}.{op}", api, False, _written_arguments(func))
+    functional = _functional_names().get(func) if isinstance(func, Hashable) else None
+    if functional is not None:
+        return OpInfo("Functional", functional, f"Functional.{functional}", False)
+    owner = getattr(func, "__self__", None)
+    if type(owner).__name__ == "getset_descriptor":  # a Tensor property such as .T or .shape
+        return OpInfo("Tensor", owner.__name__, f"Tensor.{owner.__name__}", True)
+    name = getattr(func, "__name__", None) or type(func).__name__
+    qualname = getattr(func, "__qualname__", "") or ""
+    kind = "Tensor" if qualname.startswith(("TensorBase.", "Tensor.")) else "Torch"
+    return OpInfo(kind, name, f"{kind}.{name}", name in _METADATA)
+
+
+def _written_arguments(func: Any) -> tuple[tuple[int, str], ...]:
+    """Arguments its schema marks written (``Tensor(a!) out``), recorded again after the call."""
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        overloads = func.overloads()
+        func = getattr(func, "default" if "default" in overloads else overloads[0], None)
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return ()
+    return tuple(
+        (i, a.name)
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+_classify_cached = functools.lru_cache(maxsize=4096)(_classify)
+
+
+def op_info(func: Any) -> OpInfo:
+    try:
+        return _classify_cached(func)
+    except TypeError:  # an unhashable callable
+        return _classify(func)

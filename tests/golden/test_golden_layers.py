@@ -38,7 +38,11 @@ MEASURED: dict[str, object] = {}
 
 def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, which: str, *args: str):
     monkeypatch.setenv("LAYER_VARIANT", which)
-    result = pytester.runpytest("--golden-dir", "goldens", "--precision-report", "r.json", *args)
+    # -rN: no short summary (pytest prints it untruncated when CI is set, which would repeat
+    # every failure message and change the counts below)
+    result = pytester.runpytest(
+        "-rN", "--golden-dir", "goldens", "--precision-report", "r.json", *args
+    )
     report = json.loads(Path(pytester.path, "r.json").read_text())["comparisons"]
     return result, report
 

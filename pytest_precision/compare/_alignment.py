@@ -81,11 +81,17 @@ def _matching_blocks(golden: list[Hashable], target: list[Hashable]) -> list[tup
 
 def completion_order(calls: list[Call]) -> list[Call]:
     """A module call finishes when every call inside it did; ops finish where they start.
-    Works for calls listed by start (our captures) and by completion (msprobe's modules)."""
+    Works for calls listed by start (our captures) and by completion (msprobe's modules).
+
+    "Inside" is the recorded nesting where the dump has it (each call's parent call): a module
+    shared between layers (vLLM's one rotary embedding, named by its first owner's path) runs
+    inside the layer that called it. Without it (msprobe), module paths decide."""
+    parents = {c.name: c.records[0].parent for c in calls if c.records}
+    nested = any(parent is not None for parent in parents.values())
     out: list[Call] = []
     open_modules: list[Call] = []
     for call in calls:
-        while open_modules and not _inside(call, open_modules[-1]):
+        while open_modules and not _inside(call, open_modules[-1], parents if nested else None):
             out.append(open_modules.pop())
         if call.kind == "Module":
             open_modules.append(call)
@@ -95,7 +101,16 @@ def completion_order(calls: list[Call]) -> list[Call]:
     return out
 
 
-def _inside(call: Call, module_call: Call) -> bool:
+def _inside(call: Call, module_call: Call, parents: dict[str, str | None] | None) -> bool:
+    if parents is not None:
+        parent = parents.get(call.name)
+        seen: set[str] = set()
+        while parent is not None and parent not in seen:
+            if parent == module_call.name:
+                return True
+            seen.add(parent)
+            parent = parents.get(parent)
+        return False
     path, module = call.module, module_call.module
     if path is None or module is None:
         return False

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import PrecisionInputError
-from ._common import OutputCheckFailed, as_int_list
+from ._common import OutputCheckFailed, as_int_list, read_text
 
 #: Text answers are compared word by word: runs of ASCII letters / digits, or any single other
 #: non-space character (each Chinese character is one unit).
@@ -78,10 +78,7 @@ def read_results(source: Any, side: str = "results") -> list[Mapping[str, Any]]:
     """A run's records from a list of mappings or a ``.jsonl`` / ``.json`` file."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PrecisionInputError(f"{path}: cannot be read: {exc}") from None
+        text = read_text(path)
         try:
             if path.suffix == ".jsonl" or (path.suffix != ".json" and "\n{" in text.strip()):
                 records: Any = [json.loads(line) for line in text.splitlines() if line.strip()]

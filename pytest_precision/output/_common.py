@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from .._errors import PrecisionInputError
@@ -63,3 +64,11 @@ def decoder(decode: Any) -> Decoder | None:
     raise PrecisionInputError(
         f"decode: expected a tokenizer or a callable ids -> text, got {type(decode).__name__}"
     )
+
+
+def read_text(path: Path) -> str:
+    """A results or token file's text; unreadable files are refused in one line naming them."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PrecisionInputError(f"{path}: cannot be read: {exc}") from None

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import PrecisionInputError
-from ._common import as_int_list, as_rows
+from ._common import as_int_list, as_rows, read_text
 
 _ID_KEYS = ("ids", "output_ids", "token_ids", "sequences")
 
@@ -31,10 +31,7 @@ def _ids_of(value: Any, where: str) -> Any:
 def read_token_rows(path: str | os.PathLike[str]) -> list[int] | list[list[int]]:
     """The ids in ``path``: one sequence (a JSON list of ints) or rows."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PrecisionInputError(f"{path}: cannot be read: {exc}") from None
+    text = read_text(path)
     try:
         if path.suffix == ".json":
             rows, batched = as_rows(_ids_of(json.loads(text), str(path)), str(path))

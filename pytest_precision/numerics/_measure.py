@@ -25,6 +25,7 @@ from ._elementwise import (
     _count_exceedances,
     _ulp_bits,
 )
+from ._stats import tensor_stats
 
 for _name, _fmt in {
     "float8_e4m3fn": (4, -6),
@@ -207,11 +208,20 @@ def measure(
 
 #: Dtypes whose identical pairs take the shortcut (float8 goes through the widening pass).
 _PLAIN = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16})
+#: The shortcut reads the pair twice (``torch.equal``, then the statistics) where the full pass
+#: reads it once; it saves the full pass's fixed cost, which only small tensors notice.
+#: Measured on 2 cores: 64 elements 101 us vs 180 us, 4096 122 vs 250, 65536 412 vs 337.
+_SHORTCUT_NUMEL = 1 << 15
 
 
 def _identical(flat_a: torch.Tensor, flat_e: torch.Tensor) -> bool:
-    """Bitwise-equal floats of one dtype (``torch.equal`` is False for any NaN)."""
-    return flat_a.dtype == flat_e.dtype and flat_a.dtype in _PLAIN and torch.equal(flat_a, flat_e)
+    """Small bitwise-equal floats of one dtype (``torch.equal`` is False for any NaN)."""
+    return (
+        flat_a.dtype == flat_e.dtype
+        and flat_a.dtype in _PLAIN
+        and flat_a.numel() <= _SHORTCUT_NUMEL
+        and torch.equal(flat_a, flat_e)
+    )
 
 
 def _identical_metrics(
@@ -219,14 +229,14 @@ def _identical_metrics(
 ) -> ErrorMetrics:
     """What the full pass gives two identical tensors, without the pass: every error 0,
     infinities agreeing, the maxima at the first finite element. Most pairs of a dump
-    comparison before the first divergence are identical."""
-    finite = torch.isfinite(flat)
-    values = flat[finite].double()
-    finite_count = values.numel()
-    first = torch.nonzero(finite)
-    index = unravel_index(int(first[0, 0]), shape) if first.numel() else None
-    ee = float(torch.dot(values, values))
-    nonfinite = NonFinite(0, int((flat == math.inf).sum()), int((flat == -math.inf).sum()))
+    comparison before the first divergence are identical. The one quantity left, the RMS,
+    comes from the statistics pass (float64, chunked, fused kernels on CPU)."""
+    stats = tensor_stats(flat)
+    nonfinite = NonFinite(0, stats.posinf_count, stats.neginf_count)  # equal: no NaN
+    finite_count = flat.numel() - nonfinite.total
+    first = _first_finite(flat) if finite_count else None
+    index = None if first is None else unravel_index(first, shape)
+    rms = stats.norm / math.sqrt(finite_count) if finite_count else 0.0
     return ErrorMetrics(
         shape=shape,
         numel=flat.numel(),
@@ -247,13 +257,22 @@ def _identical_metrics(
         five_thousandth_ratio=1.0,
         max_ulp=0.0,
         mean_ulp=0.0,
-        expected_rms=math.sqrt(ee / max(finite_count, 1)),
+        expected_rms=rms,
         actual_nonfinite=nonfinite,
         expected_nonfinite=nonfinite,
         nonfinite_mismatch_count=0,
         mismatch_count=0,
         rule_counts=(0,) * rules,
     )
+
+
+def _first_finite(flat: torch.Tensor) -> int | None:
+    """The flat index of the first finite element, read chunk by chunk (usually the first)."""
+    for start in range(0, flat.numel(), CHUNK_NUMEL):
+        finite = torch.isfinite(flat[start : start + CHUNK_NUMEL])
+        if bool(finite.any()):
+            return start + int(finite.to(torch.uint8).argmax())
+    return None
 
 
 def _kernel_totals(

@@ -319,7 +319,7 @@ class DumpWriter:
         name = f"shard-{len(self._shards):05d}.safetensors"
         path = self.folder / name
         shard = self._shard
-        atomic_write(path, lambda temp: save_file(shard, os.fspath(temp)))
+        atomic_write(path, lambda temp: save_file(shard, os.fspath(temp)), durable=False)
         self._shards[name] = path.stat().st_size
         released = self._shard_nbytes
         self._shard = {}

@@ -76,3 +76,24 @@ def test_the_mode_follows_a_stricter_umask(tmp_path: Path) -> None:
         os.umask(old)
         _file_mode.cache_clear()
     assert _mode(tmp_path / "private") == 0o600
+
+
+def test_durable_writes_fsync_and_shard_writes_do_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    atomic_write(tmp_path / "manifest.json", b"{}")
+    atomic_write(tmp_path / "golden", lambda temp: temp.write_bytes(b"g"))
+    assert len(synced) == 2
+    atomic_write(tmp_path / "shard", lambda temp: temp.write_bytes(b"s"), durable=False)
+    atomic_write(tmp_path / "other", b"o", durable=False)
+    assert len(synced) == 2
+    assert (tmp_path / "shard").read_bytes() == b"s"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "golden",
+        "manifest.json",
+        "other",
+        "shard",
+    ]

@@ -14,8 +14,8 @@ Runs are interleaved and the best of ``--repeat`` is kept: the least disturbed b
 CPU seconds (the process's own) vary less than wall seconds on a shared machine. Target:
 replay / plain <= 1.3. A replay run imports torch (to read the dump and list the devices) and
 reads the dump's index once: ``replay / plain+torch`` is the replay's own cost beyond importing
-torch (mostly reading the index, three records per call), ``replay x2 / plain+torch x2`` shows that a
-second marker on the same dump costs only its cases.
+torch (mostly reading the index, three records per call), and ``replay x2 / plain+torch x2``
+shows that a second marker on the same dump costs only its cases.
 
     python benchmarks/replay_collection.py [--calls 10000] [--repeat 5]
 """

@@ -46,7 +46,6 @@ def test_context(replay_case):
 #: the session, in ``reads-<worker>-<when>.json``.
 COUNTING_CONFTEST = """
 import json
-import os
 
 import pytest_precision.dump._load as load
 import pytest_precision.dump._native as native
@@ -70,7 +69,8 @@ native.load_safetensors_tensor = counting_tensor
 
 
 def _save(config, when):
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    # not PYTEST_XDIST_WORKER: this run may itself be inside an xdist worker
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
     reads = {"indexes": sorted(indexes), "tensors": len(tensors)}
     (config.rootpath / f"reads-{worker}-{when}.json").write_text(json.dumps(reads))
 

@@ -12,6 +12,9 @@ the option is given.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import threading
 from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,6 +78,16 @@ class ComparePlugin:
         self.json_path = None if json_path is None else base / json_path
         self.csv_path = None if csv_path is None else base / csv_path
 
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if self.config.pluginmanager.has_plugin("dsession"):
+            # xdist's controller reads the dumps' index and aligns them (metadata) while the
+            # workers start and measure, in a thread: its event loop keeps feeding them
+            thread = threading.Thread(
+                target=_prepare, args=(self.config,), name="precision-compare", daemon=True
+            )
+            thread.start()
+            self.config.stash[_PREPARING_KEY] = thread
+
     # --- collection (serial run or xdist worker; xdist's controller collects nothing) ----------
 
     @pytest.hookimpl(tryfirst=True)
@@ -103,7 +116,8 @@ class ComparePlugin:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         if call.when == "call" and _PAYLOAD_KEY in item.stash:
-            setattr(report, PAYLOAD, item.stash[_PAYLOAD_KEY])
+            # one JSON string: xdist serializes it at once, nested lists value by value
+            setattr(report, PAYLOAD, json.dumps(item.stash[_PAYLOAD_KEY]))
         return report
 
     # --- judging (serial run or xdist controller) -----------------------------------------------
@@ -111,15 +125,9 @@ class ComparePlugin:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.worker:
             return  # the report travels to the controller with its payload
-        payload = report.__dict__.pop(PAYLOAD, None)  # merged now; the report keeps no copy
-        if payload is None:
-            return
-        # merged as the shards arrive: xdist's controller reads the dumps' index and aligns
-        # them (metadata) while the workers measure, not after
-        comparison = _comparison(self.config)
-        comparison.merge(payload)
-        comparison.aligned.matched  # noqa: B018 (aligned now, judged at the end)
-        self.config.stash.setdefault(_RECEIVED_KEY, set()).add(report.nodeid)
+        payload = report.__dict__.pop(PAYLOAD, None)  # kept once: the report keeps no copy
+        if payload is not None:
+            self.config.stash.setdefault(_RECEIVED_KEY, {})[report.nodeid] = payload
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if (
@@ -128,12 +136,16 @@ class ComparePlugin:
             or session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
         ):
             return  # nothing ran, or a collection error (a bad dump) said why
+        if _PREPARING_KEY in self.config.stash:
+            self.config.stash[_PREPARING_KEY].join()
         comparison = _comparison(self.config)
-        received = self.config.stash.get(_RECEIVED_KEY, set())
+        received = self.config.stash.get(_RECEIVED_KEY, {})
         missing = [s for s in comparison.shards if _nodeid(s) not in received]
         self.config.stash[_MISSING_KEY] = missing
         if missing:
             return
+        for shard in comparison.shards:
+            comparison.merge(json.loads(received.pop(_nodeid(shard))))
         before = comparison.measurements.computed
         result = comparison.result()
         self.config.stash[_RESULT_KEY] = result
@@ -237,14 +249,23 @@ def _comparison(config: pytest.Config) -> ShardedComparison:
     return config.stash[_COMPARISON_KEY]
 
 
+def _prepare(config: pytest.Config) -> None:
+    """Read the index and align, ahead of the judgement; a failure (a bad dump, which the
+    workers report too) is raised again when the judgement needs the comparison."""
+    with contextlib.suppress(Exception):
+        _comparison(config).aligned.matched  # noqa: B018 (computed and kept)
+
+
 def _nodeid(shard: Shard) -> str:
     return f"{COLLECTOR}::{shard.id}"
 
 
 _COMPARISON_KEY = pytest.StashKey["ShardedComparison"]()
 _PAYLOAD_KEY = pytest.StashKey[dict[str, Any]]()
-#: the shards whose measurements were merged, by node id
-_RECEIVED_KEY = pytest.StashKey[set[str]]()
+#: each shard's measurements (JSON), by node id
+_RECEIVED_KEY = pytest.StashKey[dict[str, str]]()
+#: xdist's controller: the thread reading the index while the workers measure
+_PREPARING_KEY = pytest.StashKey[threading.Thread]()
 _MISSING_KEY = pytest.StashKey[list["Shard"]]()
 _RESULT_KEY = pytest.StashKey["DumpComparison"]()
 #: what the judge measured itself (checks no shard made ahead: rare; tensors it read)

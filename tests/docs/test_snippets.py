@@ -170,6 +170,7 @@ WITH_SETUP = [
     "docs/readers.md",
     "docs/replay.md",
     "docs/output-checks.md",
+    "docs/scale-out.md",
 ]
 
 

@@ -260,6 +260,28 @@ def compare(
     return parts[0]
 
 
+def first_at(
+    flat_a: torch.Tensor,
+    flat_e: torch.Tensor,
+    block: int,
+    *,
+    column: int,
+    best: float,
+    ulp_offset: int,
+    min_ulp_bits: int,
+) -> int | None:
+    """The first flat index in the block starting at ``block`` (as :func:`compare` located
+    it), among elements finite on both sides, whose absolute (``column`` 0) or relative (1)
+    error is ``best``; with ``best`` 0, the first such element. None if there is none."""
+    ulp = np.array([ulp_offset, min_ulp_bits], dtype=np.int64)
+    stop = min(block + BLOCK_NUMEL, flat_a.numel())
+    for lo, (a, e) in _kernel_arrays((flat_a, flat_e), block, stop):
+        found = _jit()._first_at(a, e, ulp, column, best)
+        if found >= 0:
+            return lo + found
+    return None
+
+
 #: Per kernel dtype: its integer view, the mask that turns its bits into ordered keys, and the
 #: struct codes of the integer and of the float.
 _BITS = {

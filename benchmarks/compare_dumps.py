@@ -104,12 +104,13 @@ def native(args: argparse.Namespace) -> None:
 
 @dataclass
 class Run:
-    """One command-line run: wall time, peak resident memory, and the rows it compared."""
+    """One command-line run: wall time, peak resident memory, the rows it wrote (one per
+    record) and how many of them compared tensor data (msprobe: a cosine in the row)."""
 
     seconds: float
     peak_bytes: int
     rows: int
-    status: int
+    compared: int
 
 
 def _run(command: list[str], log: Path) -> tuple[float, int, int]:
@@ -145,7 +146,7 @@ def _ours(golden: Path, target: Path, work: Path) -> Run:
     found = re.search(r"^records: (\d+) compared", log.read_text(), re.MULTILINE)
     if status > 1 or found is None:
         raise SystemExit(f"pytest-precision compare failed ({status}):\n{log.read_text()[-2000:]}")
-    return Run(seconds, peak, int(found.group(1)), status)
+    return Run(seconds, peak, int(found.group(1)), int(found.group(1)))
 
 
 def _theirs(msprobe: Path, golden: Path, target: Path, work: Path) -> Run:
@@ -159,7 +160,7 @@ def _theirs(msprobe: Path, golden: Path, target: Path, work: Path) -> Run:
         raise SystemExit(f"msprobe compare failed ({status}):\n{log.read_text()[-2000:]}")
     with results[0].open(newline="") as f:
         rows = list(csv.DictReader(f))
-    return Run(seconds, peak, sum(_is_number(row["Cosine"]) for row in rows), status)
+    return Run(seconds, peak, len(rows), sum(_is_number(row["Cosine"]) for row in rows))
 
 
 def _is_number(text: str) -> bool:
@@ -173,7 +174,7 @@ def _is_number(text: str) -> bool:
 def _row(tool: str, run: Run, size: int, what: str) -> str:
     return (
         f"  {tool:<25} {run.seconds:7.2f} s  {size / run.seconds / 1e9:6.3f} GB/s  "
-        f"peak RSS {run.peak_bytes / 2**20:5.0f} MiB  {run.rows} {what}"
+        f"peak RSS {run.peak_bytes / 2**20:5.0f} MiB  {what}"
     )
 
 
@@ -200,14 +201,15 @@ def side_by_side(
         print(f"  {'msprobe compare':<25} SKIP: no msprobe (--msprobe PATH, or on PATH)")
     else:
         fastest = min(theirs, key=lambda r: r.seconds)
-        print(_row("msprobe compare", fastest, size, "rows with a cosine"))
-    print(_row("pytest-precision compare", best, size, "records compared"))
+        rows = f"{fastest.rows} rows, {fastest.compared} with a cosine"
+        print(_row("msprobe compare", fastest, size, rows))
+    print(_row("pytest-precision compare", best, size, f"{best.rows} records compared"))
     if msprobe is not None:
         ratio = fastest.seconds / best.seconds
         memory = fastest.peak_bytes / best.peak_bytes
         print(f"  ratio: {ratio:.1f}x faster, {memory:.2f}x less peak memory ({_load()})")
         if fastest.rows != best.rows:
-            print(f"  WARNING: msprobe compared {fastest.rows} rows, we {best.rows} records")
+            print(f"  WARNING: msprobe wrote {fastest.rows} rows, we compared {best.rows} records")
 
 
 def flatness(sizes: list[int], keep: Path) -> None:
@@ -217,7 +219,7 @@ def flatness(sizes: list[int], keep: Path) -> None:
         size = _dump_bytes(golden, target)
         _read_through(golden, target)
         run = _ours(golden, target, keep)
-        print(_row(f"{tensors} x 1M", run, size, f"records compared ({_load()})"))
+        print(_row(f"{tensors} x 1M", run, size, f"{run.rows} records compared ({_load()})"))
 
 
 def main() -> None:

@@ -1,19 +1,46 @@
-"""Dump comparison speed: compare_dumps on two tensor dumps of a Llama-style decoder.
+"""Dump comparison speed: ``pytest-precision compare`` against ``msprobe compare``, side by side.
 
-Baseline: reading the same safetensors shards with numpy and summing them (the memory and disk
-read speed, the floor of any comparison that reads every byte). msprobe's compare measured about
-0.1 GB/s. Two cases: an identical target (every record compared, nothing to rerun) and a
-bfloat16 target (every op drifts, so each is rerun in float64 from its recorded inputs to clear
-it: the price of telling noise from a bug).
+Both tools run as command-line processes (start-up included) on the same pair of dumps in
+msprobe's own layout, in one run, and the script prints both times, the ratio and both tools'
+peak resident memory (``ru_maxrss`` of each process, the largest process of its tree):
 
-    python benchmarks/compare_dumps.py [--repeat 3] [--quick]
+* ``500 x 1M``: 500 float32 tensors of 1M elements per side (250 gelu calls, an input and an
+  output each; see ``_msprobe_layout.py``), every target tensor slightly different. Both tools'
+  outputs are checked to hold a row for every tensor.
+* ``HF Llama L1``: msprobe's own L1 tensor dump of an HF ``transformers`` Llama (8 layers, hidden
+  512, 256 tokens), golden against a target whose input embeddings differ by 1e-6 relative.
+  Made by msprobe in its environment; skipped (with a SKIP line) if that lacks ``transformers``.
+
+msprobe is not a dependency: give its launcher with ``--msprobe PATH`` or put it on PATH (else
+its rows print SKIP). Make its environment apart from the project's::
+
+    python3 -m venv /tmp/msprobe-bench
+    /tmp/msprobe-bench/bin/pip install torch==2.13.0 mindstudio-probe==26.2.0 transformers
+    python benchmarks/compare_dumps.py --msprobe /tmp/msprobe-bench/bin/msprobe
+
+``--tensors 200 500 1000`` runs our side alone on pairs of those sizes (peak memory must stay
+flat as the dump grows); ``--keep DIR`` keeps the dumps there for the next run. Writing the
+500 x 1M pair (4 GB) takes about a minute. ``--native`` runs the older benchmark instead:
+compare_dumps on two native tensor dumps of a Llama-style decoder against a numpy read of the
+same shards, for an identical target and a bfloat16 one (every drifting op rerun in float64).
+
+    python benchmarks/compare_dumps.py [--msprobe PATH] [--repeat 1] [--keep DIR]
+    python benchmarks/compare_dumps.py --tensors 200 500 1000
+    python benchmarks/compare_dumps.py --native [--repeat 3] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _msprobe_layout import hf_llama_pair, write_gelu_pair
 from _timing import best_seconds
 
 from examples.tiny_llama import TinyLlamaConfig, build_tiny_llama, example_input_ids
@@ -50,11 +78,7 @@ def _numpy_read(dumps: list[Path]) -> None:
             np.fromfile(shard, dtype=np.uint8).sum(dtype=np.uint64)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="a shorter sequence, one repeat")
-    args = parser.parse_args()
+def native(args: argparse.Namespace) -> None:
     seq, repeat = (32, 1) if args.quick else (256, args.repeat)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -76,6 +100,162 @@ def main() -> None:
                 f"{size / read / 1e9 / speed:.1f}x slower than the read; "
                 f"first divergence: {result.first_divergence and result.first_divergence.name}"
             )
+
+
+@dataclass
+class Run:
+    """One command-line run: wall time, peak resident memory, the rows it wrote (one per
+    record) and how many of them compared tensor data (msprobe: a cosine in the row)."""
+
+    seconds: float
+    peak_bytes: int
+    rows: int
+    compared: int
+
+
+def _run(command: list[str], log: Path) -> tuple[float, int, int]:
+    """Wall seconds, ``ru_maxrss`` in bytes (the largest process of the tree) and exit status."""
+    with log.open("wb") as out:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return seconds, usage.ru_maxrss * 1024, process.returncode
+
+
+def _read_through(*dumps: Path) -> None:
+    """Read every file once, so that each tool starts from the same page cache."""
+    for dump in dumps:
+        for file in dump.rglob("*"):
+            if file.is_file():
+                with file.open("rb") as f:
+                    while f.read(1 << 24):
+                        pass
+
+
+def _dump_bytes(*dumps: Path) -> int:
+    return sum(f.stat().st_size for d in dumps for f in d.rglob("*.pt"))
+
+
+def _ours(golden: Path, target: Path, work: Path) -> Run:
+    script = Path(sys.executable).with_name("pytest-precision")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "pytest_precision.cli"]
+    log = work / "ours.log"
+    seconds, peak, status = _run([*command, "compare", str(golden), str(target)], log)
+    found = re.search(r"^records: (\d+) compared", log.read_text(), re.MULTILINE)
+    if status > 1 or found is None:
+        raise SystemExit(f"pytest-precision compare failed ({status}):\n{log.read_text()[-2000:]}")
+    return Run(seconds, peak, int(found.group(1)), int(found.group(1)))
+
+
+def _theirs(msprobe: Path, golden: Path, target: Path, work: Path) -> Run:
+    out = work / "msprobe-out"
+    shutil.rmtree(out, ignore_errors=True)
+    command = [str(msprobe), "compare", "--target_path", str(target), "--golden_path", str(golden)]
+    log = work / "msprobe.log"
+    seconds, peak, status = _run([*command, "--output_path", str(out)], log)
+    results = sorted(out.glob("compare_result_*.csv"))
+    if status != 0 or len(results) != 1:
+        raise SystemExit(f"msprobe compare failed ({status}):\n{log.read_text()[-2000:]}")
+    with results[0].open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return Run(seconds, peak, len(rows), sum(_is_number(row["Cosine"]) for row in rows))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _row(tool: str, run: Run, size: int, what: str) -> str:
+    return (
+        f"  {tool:<25} {run.seconds:7.2f} s  {size / run.seconds / 1e9:6.3f} GB/s  "
+        f"peak RSS {run.peak_bytes / 2**20:5.0f} MiB  {what}"
+    )
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def side_by_side(
+    name: str, golden: Path, target: Path, msprobe: Path | None, work: Path, repeat: int
+) -> None:
+    """Both tools on one pair, interleaved ``repeat`` times; the fastest run of each."""
+    size = _dump_bytes(golden, target)
+    print(f"{name}: {size / 1e9:.2f} GB of .pt files over both sides ({_load()})")
+    ours: list[Run] = []
+    theirs: list[Run] = []
+    for _ in range(repeat):
+        if msprobe is not None:
+            _read_through(golden, target)
+            theirs.append(_theirs(msprobe, golden, target, work))
+        _read_through(golden, target)
+        ours.append(_ours(golden, target, work))
+    best = min(ours, key=lambda r: r.seconds)
+    if msprobe is None:
+        print(f"  {'msprobe compare':<25} SKIP: no msprobe (--msprobe PATH, or on PATH)")
+    else:
+        fastest = min(theirs, key=lambda r: r.seconds)
+        rows = f"{fastest.rows} rows, {fastest.compared} with a cosine"
+        print(_row("msprobe compare", fastest, size, rows))
+    print(_row("pytest-precision compare", best, size, f"{best.rows} records compared"))
+    if msprobe is not None:
+        ratio = fastest.seconds / best.seconds
+        memory = fastest.peak_bytes / best.peak_bytes
+        print(f"  ratio: {ratio:.1f}x faster, {memory:.2f}x less peak memory ({_load()})")
+        if fastest.rows != best.rows:
+            print(f"  WARNING: msprobe wrote {fastest.rows} rows, we compared {best.rows} records")
+
+
+def flatness(sizes: list[int], keep: Path) -> None:
+    """Our side alone on pairs of growing size: peak memory must not grow with the dump."""
+    for tensors in sizes:
+        golden, target = write_gelu_pair(keep / f"gelu{tensors}", tensors)
+        size = _dump_bytes(golden, target)
+        _read_through(golden, target)
+        run = _ours(golden, target, keep)
+        print(_row(f"{tensors} x 1M", run, size, f"{run.rows} records compared ({_load()})"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--msprobe", type=Path, help="msprobe's launcher (default: on PATH)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each tool; the fastest")
+    parser.add_argument("--keep", type=Path, help="keep (and reuse) the dumps in this folder")
+    parser.add_argument("--tensors", type=int, nargs="+", help="our peak memory at these sizes")
+    parser.add_argument("--native", action="store_true", help="the native-dump benchmark")
+    parser.add_argument("--quick", action="store_true", help="--native: a short sequence")
+    args = parser.parse_args()
+    if args.native:
+        native(args)
+        return
+    found = args.msprobe or (Path(p) if (p := shutil.which("msprobe")) else None)
+    with tempfile.TemporaryDirectory(prefix="compare-bench-") as tmp:
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"machine: {os.cpu_count()} cores; {_load()}")
+        if args.tensors:
+            flatness(args.tensors, work)
+            return
+        tiny = write_gelu_pair(work / "gelu2", 2)  # start-up caches (numba's, .pyc) warmed
+        _ours(*tiny, work)
+        if found is not None:
+            _theirs(found, *tiny, work)
+        gelu = write_gelu_pair(work / "gelu500", 500)
+        side_by_side("500 x 1M float32", *gelu, found, work, args.repeat)
+        if found is None:
+            print("HF Llama L1: SKIP: no msprobe to make the dump with")
+            return
+        pair = hf_llama_pair(work, found)
+        if isinstance(pair, str):
+            print(f"HF Llama L1: SKIP: {pair}")
+            return
+        side_by_side("HF Llama L1 tensor dump", *pair, found, work, args.repeat)
 
 
 if __name__ == "__main__":

@@ -289,13 +289,20 @@ def _kernel_totals(
         rtol=rule.rtol,
     )
     acc, counts, locs = found.acc.tolist(), found.counts.tolist(), found.locs.tolist()
-    work = ChunkPass(dtype, flat_a.device, _kernels.BLOCK_NUMEL)
 
     def located(slot: int, loc: int, column: int) -> tuple[float, int | None]:
         if locs[loc] < 0:  # no element finite on both sides
             return 0.0, None
-        stop = locs[loc] + _kernels.BLOCK_NUMEL
-        return acc[slot], _first_index_of(acc[slot], column, flat_a, flat_e, locs[loc], stop, work)
+        index = _kernels.first_at(
+            flat_a,
+            flat_e,
+            locs[loc],
+            column=column,
+            best=acc[slot],
+            ulp_offset=ulp_offset,
+            min_ulp_bits=min_ulp_bits,
+        )
+        return acc[slot], index
 
     max_abs, abs_flat = located(layout.MAX_ABS, layout.LOC_ABS, 0)
     max_rel, rel_flat = located(layout.MAX_REL, layout.LOC_REL, 1)

@@ -179,6 +179,22 @@ def _block_sums(a, e, lo, hi, ulp, rtol, masked):
 
 
 @_jit
+def _first_at(a, e, ulp, column, best):
+    """The first index, among pairs finite on both sides, whose absolute (``column`` 0) or
+    relative (1) error is ``best`` (any such pair when ``best`` is 0), or -1: where in the
+    block the comparison kernel located a maximum that maximum lies."""
+    for i in range(a.size):
+        x = np.float64(a[i])
+        y = np.float64(e[i])
+        if not (math.isfinite(x) and math.isfinite(y)):
+            continue
+        d, _, rel, _ = _element_errors(x, y, ulp)
+        if best == 0.0 or (d if column == 0 else rel) == best:
+            return i
+    return -1
+
+
+@_jit
 def _count_non_finite(a, e, lo, hi, counts):
     """Count the non-finite values of a block per side and kind, the pairs where they differ
     (NaN and NaN, or the same infinity, agree), and return how many pairs have one."""

@@ -306,6 +306,18 @@ def test_records_load_lazily(rank_copy: Path, monkeypatch: pytest.MonkeyPatch) -
     assert sum(r.loader is not None for r in dump) == 38
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads Linux's /proc")
+def test_tensors_are_mapped_from_their_files_and_unmapped_when_dropped(rank_copy: Path) -> None:
+    """A record's tensor is its data file memory-mapped, not a copy, and dropping the tensor
+    unmaps the file: comparing a dump larger than memory holds one pair at a time."""
+    record = next(r for r in load_dump(rank_copy) if r.loader is not None)
+    file = str(rank_copy / "dump_tensor_data" / f"{record.key}.pt")
+    tensor = record.load()
+    assert file in Path("/proc/self/maps").read_text()
+    del tensor
+    assert file not in Path("/proc/self/maps").read_text()
+
+
 def test_npy_data_files_with_bfloat16_widened_to_float32(rank_copy: Path) -> None:
     """MindSpore's msprobe writes .npy, widening bfloat16 to float32; loading narrows it back."""
     originals = {r.key: r.load() for r in load_dump(rank_copy) if r.loader is not None}

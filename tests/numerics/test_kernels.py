@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from concurrent.futures import Future
 from dataclasses import fields
 
 import numpy as np
@@ -229,6 +230,51 @@ def test_the_thread_pool_widens_with_torch_threads(monkeypatch: pytest.MonkeyPat
         torch.set_num_threads(4)
         together = threading.Barrier(4, timeout=10)
         assert _kernels.run_chunks(64, lambda lo, hi: together.wait() >= 0) == [True] * 4
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_numba
+def test_the_caller_runs_the_ranges_no_pool_thread_has_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a loaded machine a pool thread can start late: the calling thread takes the ranges
+    left rather than wait for it. A pool that never runs anything stands in for that."""
+
+    class Stalled:
+        def submit(self, *args: object) -> Future[None]:
+            return Future()  # never runs, never completes
+
+    _with_geometry(monkeypatch, (4, 16, 32))
+    monkeypatch.setattr(_kernels, "_threads", lambda width: Stalled())
+    found: list[list[tuple[int, int]]] = []
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        caller = threading.Thread(
+            target=lambda: found.append(_kernels.run_chunks(64, lambda lo, hi: (lo, hi))),
+            daemon=True,  # left behind, blocked, if the caller waits for the stalled pool
+        )
+        caller.start()
+        caller.join(timeout=30)
+    finally:
+        torch.set_num_threads(threads)
+    assert found == [[(0, 16), (16, 32), (32, 48), (48, 64)]]
+
+
+@needs_numba
+def test_an_error_in_any_range_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    def work(lo: int, hi: int) -> int:
+        if lo == 32:
+            raise ValueError(f"range {lo}:{hi}")
+        return hi - lo
+
+    _with_geometry(monkeypatch, (4, 16, 32))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        with pytest.raises(ValueError, match="range 32:48"):
+            _kernels.run_chunks(64, work)
     finally:
         torch.set_num_threads(threads)
 

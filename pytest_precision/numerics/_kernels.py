@@ -323,4 +323,3 @@ def first_at(
         if found >= 0:
             return lo + found
     return None
-

@@ -1,16 +1,30 @@
-"""Capture overhead: forward time with capture against the same forward without it.
+"""Capture overhead: the whole ``with capture(...)`` block (enter, forward, finishing the dump)
+against the same forward without it, measured in the same run.
 
-Baselines: a plain forward (no capture) of a ~100M-parameter Llama-style decoder (fp32, seq 256),
-and a plain sequential write of the same number of bytes for the write speed. msprobe measured
-1.8x (statistics) and 15x (tensor) on a comparable model. Targets: statistics at op level <= 1.2x,
-tensor mode <= 3x, and peak extra memory under 300 MB while a forward produces 2 GB of tensors.
+Two models:
 
-    python benchmarks/capture_overhead.py [--repeat 3] [--quick]
+* ``decoder``: this project's ~100M-parameter Llama-style decoder (fp32, seq 256), every level
+  and mode, plus the dump writer against a plain sequential write of the same bytes, and the
+  peak extra memory while a forward produces 2 GB of tensors (target < 300 MB).
+* ``hf``: an HF ``transformers`` Llama (hidden 1024, intermediate 2816, 8 layers, 16 heads,
+  vocab 8192, eager attention, fp32, seq 256, 2 threads; ``_hf_llama.py``), which makes many
+  more small calls per FLOP (rotary, masks, reshapes, casts). Rows: statistics at the op, mix
+  and module levels, a second decode step (a later forward of the same capture), tensor mode at
+  the op level. Targets (issue #13): statistics at the op level <= 1.3x, tensor mode <= 3x.
+  Second baseline: msprobe's L1 statistics dump of the same model (``--msprobe-python``, a
+  Python with ``mindstudio-probe``; its own bare forward measured in its process), or a SKIP
+  line without one.
+
+The benchmark environment: ``pip install -e '.[bench]'`` (transformers, numba).
+
+    python benchmarks/capture_overhead.py [--model decoder|hf|both] [--repeat 3] [--quick]
+        [--msprobe-python PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -25,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import _hf_llama
 from _timing import best_seconds
 
 from examples.tiny_llama import TinyLlamaConfig, build_tiny_llama, example_input_ids
@@ -41,6 +56,8 @@ CONFIG_100M = TinyLlamaConfig(
     num_kv_heads=12,
 )
 QUICK = CONFIG_100M.with_(num_layers=2, vocab_size=4000)
+#: (level, mode) of the HF Llama rows
+HF_ROWS = (("op", "statistics"), ("mix", "statistics"), ("module", "statistics"), ("op", "tensor"))
 
 
 def _folder_bytes(path: Path) -> int:
@@ -69,40 +86,112 @@ def overhead(config: TinyLlamaConfig, repeat: int, seq: int) -> None:
     threads = torch.get_num_threads()
     print(f"model: {params / 1e6:.0f}M parameters, fp32, seq {seq}, {threads} threads")
     print("ratio = forward with capture / forward without (fastest of interleaved runs)")
+    rows = [(level, mode) for level in ("op", "mix", "module") for mode in ("statistics", "tensor")]
     work = Path(tempfile.mkdtemp(prefix="capture-bench-"))
-    with torch.no_grad():
-        model(ids)  # warm-up
-        try:
-            for level in ("op", "mix", "module"):
-                for mode in ("statistics", "tensor"):
-                    sizes: list[int] = []
+    try:
+        with torch.no_grad():
+            model(ids)  # warm-up
+            for level, mode in rows:
+                base, seconds, size = _block_seconds(model, ids, work, level, mode, repeat)
+                step = _decode_step_seconds(model, ids, work / "steps", level, mode, repeat)
+                shutil.rmtree(work / "steps")
+                print(
+                    f"{mode:>10} / {level:<6}: one forward {seconds / base:.2f}x, "
+                    f"per decode step {step / base:.2f}x "
+                    f"(no capture {base:.3f} s; {size / 2**20:.0f} MiB written)",
+                    flush=True,
+                )
+        write_speed(work, 512 << 20)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
-                    def plain() -> None:
-                        model(ids)
 
-                    def captured(level: str = level, mode: str = mode) -> None:
-                        with capture(model, work / "run", level=level, mode=mode):  # type: ignore[arg-type]
-                            model(ids)
+def _block_seconds(
+    model: torch.nn.Module, ids: torch.Tensor, work: Path, level: str, mode: str, repeat: int
+) -> tuple[float, float, int]:
+    """Fastest bare forward and fastest whole capture block of one forward, interleaved, and
+    the bytes the capture wrote."""
+    sizes: list[int] = []
 
-                    def remove(sizes: list[int] = sizes) -> None:
-                        # Deleted before the next run: dirty pages of an old dump would make the
-                        # next one wait for the disk instead of the page cache.
-                        sizes.append(_folder_bytes(work / "run"))
-                        shutil.rmtree(work / "run")
+    def plain() -> None:
+        model(ids)
 
-                    base, seconds = _interleaved(plain, captured, repeat, after=remove)
+    def captured() -> None:
+        with capture(model, work / "run", level=level, mode=mode):  # type: ignore[arg-type]
+            model(ids)
+
+    def remove() -> None:
+        # Deleted before the next run: dirty pages of an old dump would make the next one
+        # wait for the disk instead of the page cache.
+        sizes.append(_folder_bytes(work / "run"))
+        shutil.rmtree(work / "run")
+
+    base, seconds = _interleaved(plain, captured, repeat, after=remove)
+    return min(base, best_seconds(plain, repeat)), seconds, sizes[-1]
+
+
+def hf_overhead(repeat: int, seq: int, threads: int, msprobe_python: Path | None) -> None:
+    """The HF Llama rows (see the module docstring)."""
+    torch.set_num_threads(threads)
+    model = _hf_llama.build()
+    ids = _hf_llama.input_ids(seq)
+    print(_hf_llama.describe(model, seq))
+    print("ratio = whole capture block / bare forward, both measured in this run (fastest)")
+    work = Path(tempfile.mkdtemp(prefix="capture-bench-hf-"))
+    try:
+        with torch.no_grad():
+            model(ids)  # warm-up
+            for level, mode in HF_ROWS:
+                base, seconds, size = _block_seconds(model, ids, work, level, mode, repeat)
+                print(
+                    f"  {mode:>10} / {level:<6} one forward: {seconds / base:.2f}x "
+                    f"(bare forward {base:.3f} s, capture {seconds:.3f} s; "
+                    f"{size / 2**20:.0f} MiB written)",
+                    flush=True,
+                )
+                if (level, mode) == ("op", "statistics"):
                     step = _decode_step_seconds(model, ids, work / "steps", level, mode, repeat)
                     shutil.rmtree(work / "steps")
-                    base = min(base, best_seconds(plain, repeat))
-                    print(
-                        f"{mode:>10} / {level:<6}: one forward {seconds / base:.2f}x, "
-                        f"per decode step {step / base:.2f}x "
-                        f"(no capture {base:.3f} s; {sizes[-1] / 2**20:.0f} MiB written)",
-                        flush=True,
-                    )
-            write_speed(work, 512 << 20)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+                    base = min(base, best_seconds(lambda: model(ids), repeat))
+                    print(f"  statistics / op     second decode step: {step / base:.2f}x")
+        _msprobe_row(msprobe_python, work, repeat, seq, threads)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _msprobe_row(python: Path | None, work: Path, repeat: int, seq: int, threads: int) -> None:
+    """msprobe's L1 statistics dump of the same model, timed by ``_msprobe_capture.py`` in
+    msprobe's environment."""
+    name = "  msprobe L1 statistics (baseline)"
+    if python is None:
+        print(f"{name}: SKIP: no msprobe (--msprobe-python PATH or MSPROBE_PYTHON)")
+        return
+    import transformers
+
+    # transformers from this environment when msprobe's lacks it; only the same Python can
+    # load its compiled dependencies.
+    extra = Path(transformers.__file__).parents[1]
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    script = Path(__file__).with_name("_msprobe_capture.py")
+    command = [str(python), str(script), str(work), "--repeat", str(repeat), "--seq", str(seq)]
+    command += ["--threads", str(threads)]
+    probe = [str(python), "-c", "import sys, msprobe; print('%d.%d' % sys.version_info[:2])"]
+    found = subprocess.run(probe, capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        print(f"{name}: SKIP: {python} cannot import msprobe")
+        return
+    if found.stdout.strip() == version:
+        command += ["--extra-path", str(extra)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        print(f"{name}: SKIP: it failed ({done.stderr.strip().splitlines()[-1:]})")
+        return
+    result = json.loads(lines[-1])
+    print(
+        f"{name}: {result['msprobe'] / result['bare']:.2f}x (its bare forward "
+        f"{result['bare']:.3f} s, dump {result['msprobe']:.3f} s, in its own process)"
+    )
 
 
 def _interleaved(
@@ -225,9 +314,17 @@ def memory(layers: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["decoder", "hf", "both"], default="both")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="a 2-layer model, for a smoke run")
+    parser.add_argument("--quick", action="store_true", help="a 2-layer decoder, for a smoke run")
     parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--hf-threads", type=int, default=2, help="torch threads for the HF rows")
+    parser.add_argument(
+        "--msprobe-python",
+        type=Path,
+        default=os.environ.get("MSPROBE_PYTHON") or None,
+        help="a Python with mindstudio-probe, for the msprobe baseline of the HF rows",
+    )
     parser.add_argument("--layers", type=int, default=64, help="memory check: 32 MiB per layer")
     parser.add_argument(
         "--memory-child", choices=["bare", "none", "capture"], help=argparse.SUPPRESS
@@ -237,9 +334,12 @@ def main() -> None:
     if args.memory_child:
         _memory_child(args.memory_child, args.layers)
         return
-    overhead(QUICK if args.quick else CONFIG_100M, args.repeat, args.seq)
-    if not args.skip_memory:
-        memory(4 if args.quick else args.layers)
+    if args.model in ("decoder", "both"):
+        overhead(QUICK if args.quick else CONFIG_100M, args.repeat, args.seq)
+        if not args.skip_memory:
+            memory(4 if args.quick else args.layers)
+    if args.model in ("hf", "both"):
+        hf_overhead(args.repeat, args.seq, args.hf_threads, args.msprobe_python)
 
 
 if __name__ == "__main__":

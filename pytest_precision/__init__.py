@@ -22,6 +22,7 @@ if typing.TYPE_CHECKING:
         StatsComparison,
         UnmatchedCall,
     )
+    from .compare._shards import ShardedComparison
     from .diagnosis._generation import save_run
     from .diagnosis._results import Diagnosis
     from .dump import Dump, Record, capture, load_dump
@@ -106,6 +107,7 @@ __all__ = [
     "ReplayResult",
     "ScoreCheck",
     "SeedHandle",
+    "ShardedComparison",
     "Spread",
     "Standard",
     "StatsComparison",
@@ -170,6 +172,7 @@ _MODULES = {
         "StatsComparison",
         "UnmatchedCall",
     ),
+    ".compare._shards": ("ShardedComparison",),
     ".diagnosis._generation": ("save_run",),
     ".diagnosis._results": ("Diagnosis",),
     ".dump": ("Dump", "Record", "capture", "load_dump"),

@@ -2,7 +2,7 @@
 
 Everything written for a user (goldens, dump shards and manifests, extracts, reports, exported
 tests) goes through :func:`atomic_write`: a temp file in the same folder, flushed and fsynced
-(dump shards excepted, see ``durable``),
+(a dump's shards and markers excepted, all but its complete manifest: see ``durable``),
 given the mode a plain ``open`` would give (the umask decides, not ``mkstemp``'s 0600), then
 renamed over the target with ``os.replace``. A writer killed at any point leaves the old file or
 the new one, never a torn one; an exception leaves no temp file behind. Torch-free: the pytest
@@ -29,7 +29,8 @@ def atomic_write(path: Path, data: bytes | Callable[[Path], None], *, durable: b
     ``durable=False`` skips the fsync: the rename still means a killed process never leaves a
     torn file, only a power loss can. Dump shards use it: hundreds of MB flushed to disk during
     a capture halved the writer's speed (648 vs 1137 MiB/s), and the manifest written last
-    (durable) is what makes a dump complete."""
+    (durable) is what makes a dump complete; the markers before it (the first manifest, each
+    rank's ``rank.json``) use it too, since a lost one reads as an incomplete dump."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     temp = Path(name)

@@ -7,10 +7,11 @@ from collections.abc import Callable, Iterator
 import _pytest.pytester
 import pytest
 
-from pytest_precision.numerics import _chunks, _kernels
+from pytest_precision.numerics import _chunks, _kernels, _stats_pass
 
 #: name -> (kernels on?, (block, chunk, parallel threshold) or None for the defaults):
-#: "kernels-tiny" makes small inputs cross blocks, chunks and threads, so hypothesis-sized
+#: "kernels-tiny" makes small inputs cross blocks, chunks and threads (statistics share blocks
+#: between threads from a quarter of the parallel threshold), so hypothesis-sized
 #: tensors reach every code path.
 BACKENDS = {
     "torch": (False, None),
@@ -33,6 +34,7 @@ def metrics_backend(request: pytest.FixtureRequest) -> Iterator[str]:
             mp.setattr(_kernels, "BLOCK_NUMEL", block)
             mp.setattr(_chunks, "CHUNK_NUMEL", chunk)
             mp.setattr(_kernels, "PARALLEL_NUMEL", parallel)
+            mp.setattr(_stats_pass, "PARALLEL_STATS_NUMEL", parallel // 4)
         yield request.param
 
 

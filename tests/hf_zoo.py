@@ -10,7 +10,9 @@ second.
 then 5 real ones) with an ``attention_mask`` and the ``position_ids`` that ``generate`` derives
 from it, so that a bug in the padding mask changes what the model computes.
 
-Used by ``tests/hf_bugs.py`` and ``tests/test_localize_hf.py``.
+Used by ``tests/hf_bugs.py`` and ``tests/test_localize_hf.py``. ``wandering_llama`` is the
+one tiny model of the output, diagnosis and docs tests: a wider vocabulary and init, so that
+greedy generation wanders.
 """
 
 from __future__ import annotations
@@ -257,3 +259,26 @@ def forward(model: torch.nn.Module) -> torch.Tensor:
 
 def submodule(model: torch.nn.Module, path: str) -> torch.nn.Module:
     return model.get_submodule(path)
+
+
+def wandering_llama(seed: int = 0) -> torch.nn.Module:
+    """A 2-layer Llama with a 256-token vocabulary, random init under ``seed``, eval mode. The
+    init range (std 0.5) is wide so greedy generation wanders instead of looping, as a trained
+    model's would: the output-level checks need text, not one repeated token."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.5,
+    )
+    return transformers.LlamaForCausalLM(config).eval()

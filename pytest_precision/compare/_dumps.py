@@ -10,6 +10,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
+from functools import cached_property
 from typing import Literal
 
 import torch
@@ -22,8 +23,9 @@ from ..numerics._standards import Reference, Standard, StandardName
 from ._alignment import Segment, align, lockstep
 from ._growth import error_growth
 from ._guilt import GuiltJudge
+from ._measurements import Measurements
 from ._precision import RunPrecision
-from ._provenance import Provenance
+from ._provenance import Provenance, uninitialized_inputs
 from ._records import RecordComparer
 from ._results import DumpComparison, UnmatchedCall, is_input
 
@@ -42,46 +44,97 @@ def compare_dumps(
     the call's tensors), statistics-only records by their statistics. ``progress(done, total)``
     is called after each of the target's calls. See ``docs/compare.md`` for the rules.
     """
-    # a bad name fails now, not mid-walk
-    if standard is not None and isinstance(resolve_standard(standard, torch.float32), Reference):
-        raise PrecisionInputError(
-            "the reference standard needs a float64 reference of every tensor, which a "
-            "dump does not hold; compare dumps with allclose, ratio, ulp or exact"
+    aligned = AlignedDumps(golden, target, standard=standard)
+    return walk(aligned, Measurements(standard), progress=progress)
+
+
+class AlignedDumps:
+    """Two dumps, their calls aligned, and what the comparison learns from their metadata
+    alone (no tensor is read here): the run's precision, the inputs holding uninitialized
+    memory. Shared by the walk and by the workers that measure shards of it."""
+
+    def __init__(
+        self,
+        golden: Dump | str | os.PathLike[str],
+        target: Dump | str | os.PathLike[str],
+        *,
+        standard: Standard | StandardName | None = None,
+    ) -> None:
+        # a bad name fails now, not mid-walk
+        if standard is not None and isinstance(
+            resolve_standard(standard, torch.float32), Reference
+        ):
+            raise PrecisionInputError(
+                "the reference standard needs a float64 reference of every tensor, which a "
+                "dump does not hold; compare dumps with allclose, ratio, ulp or exact"
+            )
+        self.standard = standard
+        self.golden, self.target = as_dump(golden), as_dump(target)
+
+    @cached_property
+    def segments(self) -> dict[tuple[int, int], Segment]:
+        """Each (step, rank)'s aligned walk, in step then rank order (see :func:`align`)."""
+        named = {(c.step, c.rank, c.name): c for c in self.golden.calls}
+        by_name = RunPrecision.learn(
+            (named[key], c) for c in self.target.calls if (key := (c.step, c.rank, c.name)) in named
         )
-    golden_dump, target_dump = as_dump(golden), as_dump(target)
-    named = {(c.step, c.rank, c.name): c for c in golden_dump.calls}
-    by_name = RunPrecision.learn(
-        (named[key], c) for c in target_dump.calls if (key := (c.step, c.rank, c.name)) in named
-    )
-    segments = align(
-        golden_dump.calls,
-        target_dump.calls,
-        with_dtypes=by_name.golden is not None and not by_name.crosses,
-    )
-    matched = [(g, t) for walk, _ in segments.values() for g, t in walk if g is not None]
-    target_calls = [t for _, t in matched]
+        return align(
+            self.golden.calls,
+            self.target.calls,
+            with_dtypes=by_name.golden is not None and not by_name.crosses,
+        )
+
+    @cached_property
+    def matched(self) -> list[tuple[Call, Call]]:
+        return [(g, t) for pairs, _ in self.segments.values() for g, t in pairs if g is not None]
+
+    def comparer(self, measurements: Measurements, provenance: Provenance) -> RecordComparer:
+        """Compares the records of aligned calls, reading tensors through ``measurements``."""
+        return RecordComparer(
+            self.standard,
+            self._precision,
+            provenance,
+            measurements,
+            self._uninitialized,
+            # float64 statistics of the same weights agree to the last bits; msprobe's are
+            # computed in the tensor's dtype, so only two native dumps can hold weights to that
+            exact_weight_stats=self.golden.format == self.target.format == "native",
+        )
+
+    @cached_property
+    def _precision(self) -> RunPrecision:
+        return RunPrecision.learn(self.matched)
+
+    @cached_property
+    def _uninitialized(self) -> frozenset[tuple[int, int, str, str]]:
+        return uninitialized_inputs(pairs for pairs, _ in self.segments.values())
+
+
+def walk(
+    aligned: AlignedDumps,
+    measurements: Measurements,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> DumpComparison:
+    """Walk the aligned calls in judging order, compare every record and judge guilt.
+    Tensors are read only through ``measurements``: none, where they were measured before."""
+    segments = aligned.segments
+    target_calls = [t for _, t in aligned.matched]
     provenance = Provenance(target_calls)
-    records = RecordComparer(
-        standard,
-        RunPrecision.learn(matched),
-        provenance,
-        # float64 statistics of the same weights agree to the last bits; msprobe's are
-        # computed in the tensor's dtype, so only two native dumps can hold weights to that
-        exact_weight_stats=golden_dump.format == target_dump.format == "native",
-    )
-    judge = GuiltJudge(records, provenance, target_calls, golden_dump)
-    result = DumpComparison(golden_dump, target_dump, [], None)
-    total = sum(len(walk) for walk, _ in segments.values())
+    records = aligned.comparer(measurements, provenance)
+    judge = GuiltJudge(records, provenance, target_calls, aligned.golden)
+    result = DumpComparison(aligned.golden, aligned.target, [], None)
+    total = sum(len(pairs) for pairs, _ in segments.values())
     done = 0
     for step_segments in _by_step(segments):
-        for (step, rank), (walk, golden_only) in step_segments:
+        for (step, rank), (pairs, golden_only) in step_segments:
             result.unmatched.extend(_unmatched("golden", golden_only))
             provenance.remember_golden_only(golden_only)
             judge.unmatched("golden", golden_only)
-            if not any(g is not None for g, _ in walk):
-                side = "target" if walk else "golden"
-                result.one_sided.append((side, step, rank, len(walk) or len(golden_only)))
-        for part, collective in lockstep([walk for _, (walk, _) in step_segments]):
+            if not any(g is not None for g, _ in pairs):
+                side = "target" if pairs else "golden"
+                result.one_sided.append((side, step, rank, len(pairs) or len(golden_only)))
+        for part, collective in lockstep([pairs for _, (pairs, _) in step_segments]):
             compared = [records.compare_call(g, t) if g is not None else [] for g, t in part]
             # what the ranks fed into a collective reaches every rank's output of it
             fed = (r.error_level for rows in compared for r in rows if is_input(r.slot))

@@ -40,7 +40,9 @@ class GuiltJudge:
         #: compares what leaves a suspected module, and knows the steps that failed
         self.records = records
         self.provenance = provenance
-        self.outputs = OutputJudge(records.precision, provenance)
+        self.outputs = OutputJudge(records.precision, provenance, records.measurements)
+        #: steps in which some record failed (a later step's new token ids are then no source)
+        self.failing_steps: set[int] = set()
         self.first_step = min((c.step for c in target_calls), default=0)
         #: inputs that came out of code only one run has, by (rank, step, module path): judged
         #: by what leaves that module
@@ -81,6 +83,8 @@ class GuiltJudge:
     ) -> None:
         """Judge one aligned call (until a strong culprit is found), then remember what it
         produced. ``received``: for a collective, the error the ranks' inputs to it carry."""
+        if any(r.failed for r in compared):
+            self.failing_steps.add(target.step)
         for key in list(self.pending):
             rank, step, path = key
             # a step's ranks are walked in lockstep: another rank's call leaves nothing
@@ -308,7 +312,7 @@ class GuiltJudge:
             record.is_tensor
             and not dtype_from_name(record.dtype).is_floating_point
             and target.step > self.first_step
-            and any(step < target.step for step in self.records.failing_steps)
+            and any(step < target.step for step in self.failing_steps)
         )
 
     def _source_reason(self, r: RecordComparison, record: Record | None) -> str:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import torch
 
 from ..dump._records import Call
-from ..numerics._comparison import TensorComparison, judge_rounding
-from ..numerics._dtypes import dtype_from_name, dtype_name
-from ..rerun._ops import NotReplayable
-from ..rerun._recompute import Rerun
+from ..numerics._comparison import TensorComparison
+from ..numerics._dtypes import dtype_from_name
+from ._measurements import Measurements
 from ._precision import RunPrecision
 from ._provenance import Provenance
 from ._results import Cause, Divergence, RecordComparison, Rule, StatsComparison, layer_of
@@ -45,9 +44,13 @@ class OutputJudge:
     """The rerun, rounding and amplification rules: whether what a call produced differs by
     more than rounding. Notes the calls it could not check (``unverified``)."""
 
-    def __init__(self, precision: RunPrecision, provenance: Provenance) -> None:
+    def __init__(
+        self, precision: RunPrecision, provenance: Provenance, measurements: Measurements
+    ) -> None:
         self.precision = precision
         self.provenance = provenance
+        #: reruns and rounding checks, measured on demand or beforehand
+        self.measurements = measurements
         self.unverified: list[str] = []
 
     def judge(
@@ -64,14 +67,13 @@ class OutputJudge:
         amplified their error. ``received``: the error other ranks fed into a collective."""
         worst = max(failing, key=lambda r: r.error_level)
         before = max(self.provenance.input_level(target, inputs), received)
-        try:
-            rerun = Rerun(target) if target.kind != "Module" else None
-        except NotReplayable as exc:
-            rerun, why_not = None, str(exc)
-        else:
-            why_not = "a module is not rerun"
-        if rerun is not None:
-            found, cleared = self._judge_rerun(golden, target, failing, rerun)
+        why_not = (
+            self.measurements.refusal(target)
+            if target.kind != "Module"
+            else "a module is not rerun"
+        )
+        if why_not is None:
+            found, cleared = self._judge_rerun(golden, target, failing)
             if found is None and cleared and before == 0.0:
                 self.provenance.note_noise(target, inputs, failing)
             elif found is None and not cleared:
@@ -108,33 +110,24 @@ class OutputJudge:
         return None
 
     def _judge_rerun(
-        self,
-        golden: Call,
-        target: Call,
-        failing: list[RecordComparison],
-        rerun: Rerun,
+        self, golden: Call, target: Call, failing: list[RecordComparison]
     ) -> tuple[Divergence | None, bool]:
         """The culprit if a failing output lands outside its dtype's rounding envelope of the
         rerun; and whether every failing output could be checked at all. An overflow of the
         output's dtype convicts too: it is where the model leaves the dtype's range."""
-        try:
-            records = {r.slot: r for r in target.outputs}
-            checked = True
-            for r in failing:
-                record = records.get(r.slot)
-                recorded = None if record is None else record.load()
-                own = None if recorded is None else rerun.judge(r.slot, recorded)
-                if own is None:
-                    checked = False
-                    continue
-                if own.verdict == "fail":
-                    reason = (
-                        f"{r.slot} differs from a rerun of the call from its own recorded "
-                        f"inputs beyond {dtype_name(own.dtype)} rounding: {own.reason}"
-                    )
-                    return divergence(target, golden, "rerun", reason, r), checked
-        except NotReplayable:  # the rerun at the recorded dtypes an index needs
-            return None, False
+        checked = True
+        for r in failing:
+            own = self.measurements.rerun_check(target, r.slot)
+            if own.refused:
+                return None, False
+            if own.verdict is None:
+                checked = False
+            elif own.verdict == "fail":
+                reason = (
+                    f"{r.slot} differs from a rerun of the call from its own recorded "
+                    f"inputs beyond {own.dtype} rounding: {own.reason}"
+                )
+                return divergence(target, golden, "rerun", reason, r), checked
         return None, checked
 
     def beyond_rounding(self, golden: Call, target: Call, r: RecordComparison) -> bool:
@@ -146,11 +139,7 @@ class OutputJudge:
             return True
         g = next((x for x in golden.records if x.slot == r.slot), None)
         t = next((x for x in target.records if x.slot == r.slot), None)
-        g_tensor = None if g is None else g.load()
-        t_tensor = None if t is None else t.load()
-        if g_tensor is None or t_tensor is None or not t_tensor.is_floating_point():
-            return True
-        return judge_rounding(t_tensor, g_tensor.double(), r.metrics.dtype).verdict == "fail"
+        return self.measurements.beyond_rounding(g, t, r.metrics.dtype)
 
     def code_difference(self, r: RecordComparison) -> bool:
         """A failing output that differs by more than reordered rounding (relative RMS error;

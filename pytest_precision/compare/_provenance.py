@@ -18,6 +18,9 @@ from ._results import RecordComparison, StatsComparison, is_input
 #: Content identity within one rank of one dump.
 _Key = tuple[int, tuple[object, ...] | None]
 
+#: Ops that allocate memory without writing it.
+ALLOCATIONS = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
+
 
 class Provenance:
     """Outputs of the calls judged so far, by (rank, content): the target's with how they
@@ -34,8 +37,6 @@ class Provenance:
         self.golden_only: dict[str, str | None] = {}
         #: outputs of calls only the target makes: content -> (call name, module it runs in)
         self.unmatched_outputs: dict[_Key, tuple[str, str | None]] = {}
-        #: contents an ``empty*`` allocation returned: not data until something writes them
-        self.allocated: set[_Key] = set()
         #: statistics-only contents whose statistics matched while their producer's inputs or
         #: outputs drifted: the error level they inherit (four statistics miss a permutation)
         self.inherited: dict[_Key, float] = {}
@@ -68,18 +69,6 @@ class Provenance:
             if fingerprint is not None:
                 key = (target.rank, fingerprint)
                 self.unmatched_outputs.setdefault(key, (target.name, home(target)))
-
-    def remember_uninitialized(self, target: Call) -> None:
-        """What an ``empty*`` call returned: uninitialized memory, on both sides."""
-        for record in target.outputs:
-            fingerprint = fingerprint_of(record)
-            if fingerprint is not None:
-                self.allocated.add((target.rank, fingerprint))
-
-    def uninitialized(self, rank: int, record: Record | None) -> bool:
-        """The content an ``empty*`` call returned, not yet written."""
-        fingerprint = fingerprint_of(record)
-        return fingerprint is not None and (rank, fingerprint) in self.allocated
 
     def remember(self, golden: Call, target: Call, compared: list[RecordComparison]) -> None:
         """What an aligned pair produced, with how the target's outputs compared."""
@@ -183,6 +172,30 @@ class Provenance:
             if not path:
                 return
             path = path.rpartition(".")[0]
+
+
+def uninitialized_inputs(
+    walks: Iterable[Sequence[tuple[Call | None, Call]]],
+) -> frozenset[tuple[int, int, str, str]]:
+    """The inputs, as (rank, step, call name, slot), holding what an ``empty*`` call returned
+    before them (content an allocation returned is not data until something writes it).
+    ``walks``: the aligned walks in step order. From the dumps' metadata alone, so that every
+    call pair compares the same wherever it is compared."""
+    allocated: set[_Key] = set()
+    out: set[tuple[int, int, str, str]] = set()
+    for walk in walks:
+        for golden, target in walk:
+            if golden is None:
+                continue
+            if target.op in ALLOCATIONS:
+                for record in target.outputs:
+                    if (fingerprint := fingerprint_of(record)) is not None:
+                        allocated.add((target.rank, fingerprint))
+            for record in target.records:
+                fingerprint = fingerprint_of(record)
+                if is_input(record.slot) and (target.rank, fingerprint) in allocated:
+                    out.add((target.rank, target.step, target.name, record.slot))
+    return frozenset(out)
 
 
 def fingerprint_of(record: Record | None) -> tuple[object, ...] | None:

@@ -14,30 +14,31 @@ import torch
 
 from .._errors import PrecisionInputError
 from ..dump._records import Call, Record
-from ..numerics._comparison import TensorComparison, judge_pair, resolve_standard
+from ..numerics._comparison import TensorComparison, resolve_standard
 from ..numerics._dtypes import dtype_from_name, dtype_name
 from ..numerics._standards import Standard, StandardName
 from ..numerics._stats import TensorStats
+from ._measurements import Measurements
 from ._precision import RunPrecision
-from ._provenance import Provenance
+from ._provenance import ALLOCATIONS, Provenance
 from ._results import RecordComparison, StatsComparison, Status, is_input
 
 #: Weights of a run that keeps its dtypes: their statistics agree up to summation order.
 _SAME_SUM = 1e-12
 
-#: Ops that allocate memory without writing it.
-_ALLOCATIONS = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
-
 
 class RecordComparer:
-    """Compares the records of aligned calls, each pair of stored tensors once, and notes the
-    steps where a record failed (a later step's new token ids are then no source)."""
+    """Compares the records of aligned calls. A pure function of the two calls: what it reads
+    from tensors comes from ``measurements``, what depends on the walk (which inputs hold
+    uninitialized memory) was worked out from the dumps' metadata beforehand."""
 
     def __init__(
         self,
         standard: Standard | StandardName | None,
         precision: RunPrecision,
         provenance: Provenance,
+        measurements: Measurements,
+        uninitialized: frozenset[tuple[int, int, str, str]],
         *,
         exact_weight_stats: bool,
     ) -> None:
@@ -45,12 +46,11 @@ class RecordComparer:
         self.precision = precision
         #: names the weights an op receives: a weight input is judged as a weight
         self.provenance = provenance
+        self.measurements = measurements
+        #: inputs holding what an ``empty*`` call returned, by (rank, step, call name, slot)
+        self.uninitialized = uninitialized
         #: weights' statistics must agree to 1e-12 (both dumps computed them in float64)
         self.exact_weight_stats = exact_weight_stats
-        #: comparisons of stored tensor pairs, by (golden data id, target data id, dtype, exact)
-        self.judged: dict[tuple[str, str, torch.dtype, bool], TensorComparison] = {}
-        #: steps in which some record failed
-        self.failing_steps: set[int] = set()
 
     def compare_call(self, golden: Call, target: Call) -> list[RecordComparison]:
         """Every slot of the pair."""
@@ -66,8 +66,6 @@ class RecordComparer:
         if outputs and not any(r.failed for r in outputs):
             identical = all(r.error_level == 0.0 for r in outputs)
             out = [_equivalent_spelling(r, identical) for r in out]
-        if any(r.failed for r in out):
-            self.failing_steps.add(target.step)
         return out
 
     def _skip_uninitialized(
@@ -76,15 +74,10 @@ class RecordComparer:
         """``empty*`` allocates without writing: its output is whatever the memory held, and
         so is the input of the call that fills it in place (a grouped MoE matmul's ``out=``).
         Neither is data: comparing them convicts the allocation."""
-        if target.op in _ALLOCATIONS:
-            self.provenance.remember_uninitialized(target)
-        records = {r.slot: r for r in target.records}
         return [
             replace(r, status="skip", reason="uninitialized memory (an empty* allocation)")
-            if (r.slot.startswith("output") and target.op in _ALLOCATIONS)
-            or (
-                is_input(r.slot) and self.provenance.uninitialized(target.rank, records.get(r.slot))
-            )
+            if (r.slot.startswith("output") and target.op in ALLOCATIONS)
+            or (target.rank, target.step, target.name, r.slot) in self.uninitialized
             else r
             for r in out
         ]
@@ -108,7 +101,7 @@ class RecordComparer:
         )
         if g.loader is not None and t.loader is not None:
             try:
-                metrics = self._judge_records(g, t, dtype, weight)
+                metrics = self.measurements.pair(g, t, dtype, weight)
             except PrecisionInputError as exc:
                 return _row(golden, target, t.slot, "fail", str(exc), g, t)
             row = _row(golden, target, t.slot, metrics.verdict, metrics.reason, g, t, metrics)
@@ -141,35 +134,6 @@ class RecordComparer:
             why = f"{reason} (the golden's value in {dtype_name(run_dtype)})"
             return _row(golden, target, t.slot, "warn", why, g, t)
         return _row(golden, target, t.slot, "fail", reason, g, t)
-
-    def _judge_records(
-        self, g: Record, t: Record, dtype: torch.dtype, weight: bool
-    ) -> TensorComparison:
-        """Compare the stored tensors, once per pair of stored data: a weight is recorded as a
-        module's parameter and as the input of its op, an activation as a module's output and
-        as the next call's input. Weights are data, not computations: any element that differs
-        from the golden's (cast to the target's dtype) fails them."""
-        key = None
-        if g.data_id is not None and t.data_id is not None:
-            key = (g.data_id, t.data_id, dtype, weight)
-        known = self.judged.get(key) if key is not None else None
-        if known is None:
-            assert g.loader is not None
-            assert t.loader is not None
-            target_tensor, golden_tensor = t.loader(), g.loader()
-            standard = resolve_standard(self.standard, dtype)
-            known = judge_pair(target_tensor, golden_tensor, standard, dtype)
-            if weight and known.verdict != "fail":
-                differing = _differing_elements(target_tensor, golden_tensor)
-                if differing:
-                    reason = (
-                        f"{differing} of {target_tensor.numel()} weight element(s) differ from "
-                        f"the golden's cast to {dtype_name(target_tensor.dtype)}; {known.reason}"
-                    )
-                    known = replace(known, verdict="fail", reason=reason)
-            if key is not None:
-                self.judged[key] = known
-        return known
 
     def _compare_stats(
         self,
@@ -206,15 +170,6 @@ class RecordComparer:
         what = "weight statistics" if exact and self.exact_weight_stats else "statistics"
         reason = f"{what} differ by up to {level:.3g} ({worst}; tolerance {rtol:.3g})"
         return _row(golden, target, t.slot, verdict, reason, g, t, stats)
-
-
-def _differing_elements(target: torch.Tensor, golden: torch.Tensor) -> int:
-    """Elements of ``target`` that are not bitwise the golden's cast to the target's dtype."""
-    cast = golden.to(target.dtype)
-    if torch.equal(target, cast):
-        return 0
-    same = (target == cast) | (target.isnan() & cast.isnan())
-    return int((~same).sum())
 
 
 def _equivalent_spelling(r: RecordComparison, identical: bool) -> RecordComparison:

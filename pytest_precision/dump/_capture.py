@@ -78,6 +78,16 @@ def _json_shape(shape: torch.Size) -> str:
     return json_text(list(shape))
 
 
+def _json_value(value: Any) -> str:
+    """``json_text(encode_value(value))``, without the encoder for the usual ints and None."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if value is None:
+        return "null"
+    return json_text(encode_value(value))
+
+
 class _OpMode(TorchFunctionMode):
     def __init__(self, capture: Capture) -> None:
         super().__init__()
@@ -146,6 +156,7 @@ class Capture:
         self.step_index = 0
         self._included = _compile(include)
         self._excluded = _compile(exclude) if exclude else None
+        self._filtered = include is not None or bool(exclude)
         self._recording = steps is None or 0 in steps
         self._busy = False
         # Open module calls: record name, module path, and the "module" and "parent" members of
@@ -153,7 +164,7 @@ class Capture:
         self._stack: list[tuple[str, str, str]] = []
         self._module_calls: dict[str, int] = {}
         self._op_calls: dict[str, int] = {}
-        self._recorded = RecordedTensors(self._forget_key)
+        self._recorded = RecordedTensors(self._forget_key, any_shape=mode == "statistics")
         self._uninitialized = UninitializedMemory()  # recorded without data
         self._keys = itertools.count()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -273,11 +284,11 @@ class Capture:
         """The shared fields of the next call of an op; ``None`` when include/exclude drop it."""
         count = self._op_calls.get(info.api, 0)
         self._op_calls[info.api] = count + 1
-        name = f"{info.api}.{count}.forward"
         _, module, inside = self._stack[-1]
-        if not self._keep(name, module):
+        if self._filtered and not self._keep(f"{info.api}.{count}.forward", module):
             return None
-        return f'"name":{json_text(name)}{info.members},{inside},"step":{self.step_index}'
+        name = f'{info.json_api}.{count}.forward"'  # escaped once per op, not per call
+        return f'"name":{name}{info.members},{inside},"step":{self.step_index}'
 
     def _keep(self, name: str, module: str) -> bool:
         included, excluded = self._included, self._excluded
@@ -294,7 +305,7 @@ class Capture:
                 if isinstance(value, torch.Tensor):
                     self._record_tensor(writer, f'{head},"slot":{_json_slot(slot)}', value)
                 else:
-                    encoded = json_text(encode_value(value))
+                    encoded = _json_value(value)
                     writer.add_encoded(
                         f'{head},"slot":{_json_slot(slot)},"dtype":null,"shape":null,'
                         f'"value":{encoded}',

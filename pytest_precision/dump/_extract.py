@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .._errors import PrecisionError
 from ._native import encode_value
 from ._records import Call
@@ -35,6 +37,8 @@ def write_calls(
     try:
         writer = DumpWriter(staging, rank=0, world_size=1, info=info, background=False)
         writer.start()
+        keys: dict[str, str] = {}  # data id -> key it is stored under here
+        storages: set[int] = set()
         for number, record in enumerate(r for call in calls for r in call.records):
             entry = {
                 "name": record.name,
@@ -50,9 +54,14 @@ def write_calls(
             }
             if record.stride is not None:
                 entry["stride"] = list(record.stride)
+            if record.data_id in keys:  # the data of an earlier record: stored once, as there
+                writer.add(entry, alias=keys[record.data_id])
+                continue
             tensor = record.load()
             if tensor is not None:
-                writer.add(entry, key=str(number), tensor=tensor.contiguous())
+                writer.add(entry, key=str(number), tensor=_own_memory(tensor, storages))
+                if record.data_id is not None:
+                    keys[record.data_id] = str(number)
             elif record.stats is not None:
                 writer.add(entry, key=str(number), stats=record.stats)
             else:
@@ -64,6 +73,16 @@ def write_calls(
         with contextlib.suppress(OSError):
             shutil.rmtree(staging)
         raise
+
+
+def _own_memory(tensor: torch.Tensor, storages: set[int]) -> torch.Tensor:
+    """``tensor`` contiguous, copied if its memory belongs to a tensor already stored: safetensors
+    refuses to write tensors that share memory (two views of one buffer, a tensor read twice)."""
+    tensor = tensor.contiguous()
+    if tensor.untyped_storage().data_ptr() in storages:
+        tensor = tensor.clone()
+    storages.add(tensor.untyped_storage().data_ptr())
+    return tensor
 
 
 def _swap_in(staging: Path, path: Path) -> None:

@@ -13,12 +13,13 @@ A dump counts as complete only when the manifest says so and every listed rank h
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -128,7 +129,12 @@ def stats_json(stats: TensorStats) -> str:
 
 
 def decode_stats(data: dict[str, Any]) -> TensorStats:
+    if set(map(type, data.values())) <= _PLAIN_NUMBERS:  # the usual case: nothing to decode
+        return TensorStats.from_dict(data)
     return TensorStats.from_dict({key: decode_value(item) for key, item in data.items()})
+
+
+_PLAIN_NUMBERS = {int, float}
 
 
 _LINE_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
@@ -145,9 +151,9 @@ def json_members(data: dict[str, Any]) -> str:
     return _LINE_ENCODER.encode(data)[1:-1]
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``path`` atomically (strict JSON: no NaN or Infinity)."""
-    atomic_write(path, json.dumps(data, indent=1, allow_nan=False).encode())
+def write_json_atomic(path: Path, data: dict[str, Any], *, durable: bool = True) -> None:
+    """Write ``path`` atomically (strict JSON: no NaN or Infinity); see ``atomic_write``."""
+    atomic_write(path, json.dumps(data, indent=1, allow_nan=False).encode(), durable=durable)
 
 
 def numerics_settings() -> dict[str, Any]:
@@ -247,10 +253,8 @@ def _read_rank(root: Path, rank: int) -> list[Record]:
             index_path,
             f"{len(entries)} records, but {RANK_DONE} says {done.get('records')!r}: truncated",
         )
-    headers = {name: _shard_header(folder / name) for name in shards}
-    return [
-        _record(entry, rank, folder, headers, f"{index_path}:{line}") for line, entry in entries
-    ]
+    headers = {name: _Shard(folder / name, _shard_header(folder / name)) for name in shards}
+    return [_record(entry, rank, headers, f"{index_path}:{line}") for line, entry in entries]
 
 
 def _check_shard(folder: Path, name: object, size: int, source: Path) -> None:
@@ -264,6 +268,12 @@ def _check_shard(folder: Path, name: object, size: int, source: Path) -> None:
     actual = shard.stat().st_size
     if actual != size:
         raise DumpFormatError(shard, f"truncated or altered shard: {actual} bytes, expected {size}")
+
+
+class _Shard(NamedTuple):
+    path: Path
+    #: key -> (dtype, shape) of every tensor in the shard
+    tensors: dict[str, tuple[str, list[int]]]
 
 
 def _shard_header(shard: Path) -> dict[str, tuple[str, list[int]]]:
@@ -316,8 +326,7 @@ _REQUIRED = {"name": str, "slot": str, "kind": str, "op": str, "step": int}
 def _record(
     entry: dict[str, Any],
     rank: int,
-    folder: Path,
-    headers: dict[str, dict[str, tuple[str, list[int]]]],
+    headers: dict[str, _Shard],
     where: str,
 ) -> Record:
     for key, kind in _REQUIRED.items():
@@ -339,7 +348,7 @@ def _record(
         raise DumpFormatError(where, f"malformed stride {stride!r}")
     loader = data_id = None
     if entry.get("data") is not None:
-        loader = _loader(entry["data"], dtype, shape, folder, headers, where)
+        loader = _loader(entry["data"], dtype, shape, headers, where)
         data_id = f"{rank}/{entry['data']['shard']}/{entry['data']['key']}"
     return Record(
         name=entry["name"],
@@ -364,8 +373,7 @@ def _loader(
     data: object,
     dtype: object,
     shape: object,
-    folder: Path,
-    headers: dict[str, dict[str, tuple[str, list[int]]]],
+    headers: dict[str, _Shard],
     where: str,
 ) -> Callable[[], torch.Tensor]:
     if not isinstance(data, dict) or not isinstance(data.get("key"), str):
@@ -373,24 +381,28 @@ def _loader(
     shard_name, key, raw = data.get("shard"), data["key"], bool(data.get("bytes"))
     if not isinstance(shard_name, str) or not SHARD_PATTERN.fullmatch(shard_name):
         raise DumpFormatError(where, f"data location {shard_name!r} points outside the dump folder")
-    if shard_name not in headers:
+    shard = headers.get(shard_name)
+    if shard is None:
         raise DumpFormatError(where, f"shard {shard_name} is not listed in {RANK_DONE}")
-    if key not in headers[shard_name]:
-        raise DumpFormatError(folder / shard_name, f"has no tensor {key!r} (needed by {where})")
+    if key not in shard.tensors:
+        raise DumpFormatError(shard.path, f"has no tensor {key!r} (needed by {where})")
     if not isinstance(dtype, str) or not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise DumpFormatError(where, f"unknown dtype {dtype!r}")
     if not _is_shape(shape):
         raise DumpFormatError(where, f"malformed shape {shape!r}")
     target: torch.dtype = getattr(torch, dtype)
-    stored_dtype, stored_shape = headers[shard_name][key]
+    stored_dtype, stored_shape = shard.tensors[key]
     expected_numel = math.prod(shape) * (target.itemsize if raw else 1)
     if math.prod(stored_shape) != expected_numel:
         raise DumpFormatError(
-            folder / shard_name,
+            shard.path,
             f"tensor {key!r} has shape {stored_shape} ({stored_dtype}), "
             f"the record {where} says {shape} ({dtype})",
         )
-    return lambda: _load(folder / shard_name, key, target, tuple(shape), raw)
+    # A partial sharing the shard's path, not a closure: a dump holds one loader per stored
+    # tensor, and a closure's cells and a path each are that many more objects for the garbage
+    # collector to walk, which cost as much as the rest of reading the index.
+    return functools.partial(_load, shard.path, key, target, tuple(shape), raw)
 
 
 def _load(

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ._native import json_members
+from ._native import json_members, json_text
 
 #: Tensor methods that only read metadata; calls of these (and property reads such as
 #: ``.shape``) become records only if they return a tensor.
@@ -52,6 +52,11 @@ class OpInfo:
     def members(self) -> str:
         """``,"kind":...,"op":...`` of its records, encoded once."""
         return "," + json_members({"kind": self.kind, "op": self.op})
+
+    @functools.cached_property
+    def json_api(self) -> str:
+        """``api`` as a JSON string without its closing quote: call names continue it."""
+        return json_text(self.api)[:-1]
 
 
 def _classify(func: Any) -> OpInfo:

@@ -1,11 +1,20 @@
 """Tensors already recorded during a capture, so that one seen again unchanged is not redone.
 
-The output of one op is the input of the next, and a parameter is an input of every forward: a
-tensor seen again reuses the data and statistics of its first record instead of copying and
-summarizing it again. A tensor counts as unchanged while it is the same object with the same
-version counter value (in-place ops, also through a view, bump it), the same data pointer, dtype,
-shape and strides (``.data =`` swaps storage without a bump). Entries hold weak references and
-go with their tensor, so nothing is kept alive.
+The output of one op is the input of the next, a parameter is an input of every forward, and a
+view (``x.view(...)``, ``x[0]``, ``x.transpose(1, 2)``) often lies exactly where a recorded
+tensor lies: a tensor seen again reuses the data and statistics of its first record instead of
+copying and summarizing it again. Reuse needs the same elements in the same order, read from
+the same memory, unchanged since:
+
+* the same *geometry*: data pointer (storage and offset), dtype, shape, strides and conj / neg
+  bits; a contiguous tensor's elements are its flat run, so with ``any_shape`` (statistics
+  mode, where nothing but the statistics is shared) its shape may differ (``x.view(2, -1)``);
+* the same *base*: both are the same tensor or views of the same one (``Tensor._base``), and so
+  share its version counter, which every in-place op bumps, through any view;
+* the same version counter value as when the first was recorded.
+
+Entries hold weak references to the base and go with it, so nothing is kept alive; the record
+keys they hold are let go then (the writer drops what it kept for them).
 
 Known blind spots, as for autograd: writes through ``.data`` or from outside torch (a numpy view)
 bump no version counter. Inference tensors have no version counter and are never reused.
@@ -14,36 +23,48 @@ bump no version counter. Inference tensors have no version counter and are never
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 
-_Geometry = tuple[int, torch.dtype, torch.Size, tuple[int, ...]]
 
-
-def _geometry(t: torch.Tensor) -> _Geometry | None:
-    """Where and how ``t``'s elements lie; ``None`` for tensors without a data pointer."""
-    try:
-        return t.data_ptr(), t.dtype, t.shape, t.stride()
-    except RuntimeError:  # a wrapper subclass without storage
-        return None
+def _base(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose version counter ``t`` shares: its base if it is a view, else itself."""
+    base = t._base
+    return t if base is None else base
 
 
 class RecordedTensors:
-    """Record keys of tensors by identity, valid while the tensor is unchanged."""
+    """Record keys of tensors by geometry, valid while their base is unchanged."""
 
-    def __init__(self, forget: Callable[[str], None]) -> None:
-        self._entries: dict[int, tuple[weakref.ref[torch.Tensor], int, _Geometry, str]] = {}
+    def __init__(self, forget: Callable[[str], None], *, any_shape: bool = False) -> None:
+        #: geometry -> (the base, its version when recorded, record key)
+        self._entries: dict[Hashable, tuple[weakref.ref[torch.Tensor], int, str]] = {}
+        #: id of a base -> (weak reference with the clean-up callback, its geometries)
+        self._bases: dict[int, tuple[weakref.ref[torch.Tensor], list[Hashable]]] = {}
         self._forget = forget  # told of each key that can no longer be returned
+        self._any_shape = any_shape
+
+    def _geometry(self, t: torch.Tensor) -> Hashable | None:
+        """Where and how ``t``'s elements lie; ``None`` for tensors without a data pointer."""
+        try:
+            pointer = t.data_ptr()
+        except RuntimeError:  # a wrapper subclass without storage
+            return None
+        bits = (t.dtype, t.is_conj(), t.is_neg())
+        if t.is_contiguous():
+            return pointer, bits, t.numel() if self._any_shape else t.shape
+        return pointer, bits, t.shape, t.stride()
 
     def key_of(self, t: torch.Tensor) -> str | None:
-        """The key ``t`` was recorded under, if it is unchanged since; ``None`` otherwise."""
-        entry = self._entries.get(id(t))
+        """The key a tensor like ``t`` was recorded under, if unchanged since; else ``None``."""
+        geometry = self._geometry(t)
+        entry = None if geometry is None else self._entries.get(geometry)
         if entry is None:
             return None
-        ref, version, geometry, key = entry
-        if ref() is not t or t._version != version or _geometry(t) != geometry:
+        ref, version, key = entry
+        if ref() is not _base(t) or t._version != version:
             return None
         return key
 
@@ -51,25 +72,38 @@ class RecordedTensors:
         """Note that ``t``, as it is now, was recorded under ``key``."""
         if t.is_inference():  # no version counter: a later write would go unseen
             return
-        geometry = _geometry(t)
+        geometry = self._geometry(t)
         if geometry is None:
             return
-        ident = id(t)
+        base = _base(t)
+        known = self._bases.get(id(base))
+        if known is None or known[0]() is not base:
+            known = self._bases[id(base)] = (weakref.ref(base, self._died(id(base))), [])
+        replaced = self._entries.get(geometry)
+        self._entries[geometry] = (known[0], t._version, key)
+        if replaced is None or replaced[0] is not known[0]:
+            known[1].append(geometry)
+        if replaced is not None:  # recorded again, changed: the old key can never be returned
+            self._forget(replaced[2])
 
-        def died(_: Any) -> None:
-            entry = self._entries.get(ident)
-            if entry is not None and entry[3] == key:
-                del self._entries[ident]
-                self._forget(key)
+    def _died(self, ident: int) -> Callable[[Any], None]:
+        def died(ref: Any) -> None:
+            known = self._bases.get(ident)
+            if known is None or known[0] is not ref:
+                return
+            del self._bases[ident]
+            for geometry in known[1]:
+                entry = self._entries.get(geometry)
+                if entry is not None and entry[0] is ref:
+                    del self._entries[geometry]
+                    self._forget(entry[2])
 
-        replaced = self._entries.get(ident)
-        self._entries[ident] = (weakref.ref(t, died), t._version, geometry, key)
-        if replaced is not None:  # the same tensor recorded again, changed
-            self._forget(replaced[3])
+        return died
 
     def clear(self) -> None:
         """Forget everything, telling no one (the capture is over)."""
         self._entries.clear()
+        self._bases.clear()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -220,6 +220,8 @@ class DumpWriter:
         self._index.close()
         self._index = None
         self._raise_if_failed()
+        # Only the complete manifest is flushed to disk: a marker lost to a power cut (or a
+        # shard, never flushed) leaves a dump the reader calls incomplete or truncated.
         write_json_atomic(
             self.folder / RANK_DONE,
             {
@@ -228,6 +230,7 @@ class DumpWriter:
                 "steps": sorted(self.steps),
                 "shards": self._shards,
             },
+            durable=False,
         )
         if interrupted_by is not None:
             self.info["interrupted_by"] = interrupted_by
@@ -253,6 +256,7 @@ class DumpWriter:
                 "environment": environment_fingerprint(),
                 "numerics": numerics_settings(),
             },
+            durable=complete,
         )
 
     # -- writer thread ---------------------------------------------------------------------------

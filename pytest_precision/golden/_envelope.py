@@ -111,7 +111,9 @@ def measure_envelope(
                 )
             if not leaf.is_floating_point():
                 continue
-            stored = ref.float() if leaf.dtype in _LOW_PRECISION else ref
+            # a copy: the caller's tensor may be another leaf's reference too, and safetensors
+            # refuses to write tensors that share memory
+            stored = ref.float() if leaf.dtype in _LOW_PRECISION else ref.clone()
             references[key] = stored.contiguous()
             leaves[key] = {"golden_vs_reference": _stats(leaf.detach().cpu(), stored)}
         record.update(

@@ -17,7 +17,6 @@ import importlib.metadata
 import itertools
 import math
 import os
-import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -328,49 +327,3 @@ def first_at(
         if found >= 0:
             return lo + found
     return None
-
-
-#: Per kernel dtype: its integer view, the mask that turns its bits into ordered keys, and the
-#: struct codes of the integer and of the float.
-_BITS = {
-    np.float32: (np.int32, 0x7FFF_FFFF, "i", "f"),
-    np.float64: (np.int64, 0x7FFF_FFFF_FFFF_FFFF, "q", "d"),
-}
-_INT64 = np.iinfo(np.int64)
-
-
-def _from_key(key: int, float_type: type[np.floating[Any]]) -> float:
-    _, mask, int_code, float_code = _BITS[float_type]
-    bits = key ^ (mask if key < 0 else 0)  # the key transform is its own inverse
-    return struct.unpack(float_code, struct.pack(int_code, bits))[0]
-
-
-def stats(flat: torch.Tensor) -> tuple[float, float, float, float, int, int, int]:
-    """(sum, sum of squares, min, max) of the finite elements and (nan, +inf, -inf) counts;
-    min and max are inf and -inf when no element is finite."""
-    kernels = _jit()
-    float_type = _KERNEL_DTYPES.get(flat.dtype, np.float32)
-    int_type, mask, _, _ = _BITS[float_type]
-
-    def work(start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        acc = np.zeros(2)
-        keys = np.array([_INT64.max, _INT64.min], dtype=np.int64)
-        counts = np.zeros(3, dtype=np.int64)
-        for _, (x,) in _kernel_arrays((flat,), start, stop):
-            kernels._stats_chunk(x, x.view(int_type), mask, BLOCK_NUMEL, acc, keys, counts)
-        return acc, keys, counts
-
-    parts = run_chunks(flat.numel(), work)
-    acc, keys, counts = parts[0]
-    for more_acc, more_keys, more_counts in parts[1:]:
-        acc += more_acc
-        keys[0] = min(keys[0], more_keys[0])
-        keys[1] = max(keys[1], more_keys[1])
-        counts += more_counts
-    total, squares = acc.tolist()
-    low, high = keys.tolist()
-    nan, posinf, neginf = counts.tolist()
-    if low > high:  # no finite element
-        return total, squares, math.inf, -math.inf, nan, posinf, neginf
-    low_value, high_value = _from_key(low, float_type), _from_key(high, float_type)
-    return total, squares, low_value, high_value, nan, posinf, neginf

@@ -43,8 +43,15 @@ def _walk(value: Any, path: str, leaves: list[tuple[str, Any]]) -> None:
 def children(value: Any) -> Iterator[tuple[str, Any]] | None:
     """(path suffix, child) pairs of a container, or None for anything else.
 
-    Mappings come first, so an HF ``ModelOutput`` (a dict and a dataclass) indexes by key.
+    Mappings come first, so an HF ``ModelOutput`` (a dict and a dataclass) indexes by key. An
+    HF KV cache (``past_key_values``) is an object, not a container: its children are its
+    layers and their ``keys`` and ``values`` (``key_cache`` / ``value_cache`` before
+    transformers 4.56), so ``['past_key_values'].layers[0].keys``.
     """
+    if _is_hf_cache(value):
+        return (
+            (f".{name}", getattr(value, name)) for name in _HF_CACHE_FIELDS if hasattr(value, name)
+        )
     if isinstance(value, Mapping):
         return ((f"[{k!r}]", v) for k, v in value.items())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -52,6 +59,15 @@ def children(value: Any) -> Iterator[tuple[str, Any]] | None:
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         return ((f"[{i}]", v) for i, v in enumerate(value))
     return None
+
+
+#: where transformers defines its caches and their layers, and the fields that hold the tensors
+_HF_CACHE_MODULE = "transformers.cache_utils"
+_HF_CACHE_FIELDS = ("layers", "keys", "values", "key_cache", "value_cache")
+
+
+def _is_hf_cache(value: Any) -> bool:
+    return type(value).__module__ == _HF_CACHE_MODULE
 
 
 def is_leaf(value: Any) -> bool:
@@ -69,6 +85,8 @@ def _describe(value: Any) -> str:
 
 
 def _kind(value: Any) -> str:
+    if _is_hf_cache(value):
+        return type(value).__name__
     if isinstance(value, Mapping):
         return "mapping"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -258,25 +258,89 @@ def _count_block(a, e, lo, hi, ulp, params, kinds, limits, counts):
 
 
 @_jit
-def _stats_chunk(x, bits, sign_mask, block, acc, keys, counts):
-    """Sum and sum of squares (float64) of the finite elements into ``acc``, their min and
-    max into ``keys`` as order-preserving integer keys of ``bits`` (``x`` viewed as integers;
-    ``sign_mask`` flips the magnitude bits of negative values), non-finite ones counted.
+def _stats_chunk(x, bits, sign_mask, block, acc, state, block_sums):
+    """Sum and sum of squares (float64) of the finite elements into ``acc``; into ``state``
+    their min and max as order-preserving integer keys of ``bits`` (``x`` viewed as integers;
+    ``sign_mask`` flips the magnitude bits of negative values), then the counts of NaN, +inf
+    and -inf.
+
+    With rows in ``block_sums`` (one per block of ``x``), each block's two sums go to its row
+    instead of ``acc``: threads that share a tensor's blocks leave the adding up to
+    :func:`_add_block_sums`, in block order, so the result does not depend on the sharing.
 
     Integer keys keep the min / max exact and let them vectorize, which float min / max
     (with their NaN rules) do not."""
     n = x.size
     for lo in range(0, n, block):
-        hi = min(lo + block, n)
-        total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, keys, False)
-        if not math.isfinite(total):  # a non-finite value (or a float64 overflow)
-            for i in range(np.uint64(lo), np.uint64(hi)):
-                _count_special(np.float64(x[i]), counts, 0)
-            total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, keys, True)
+        _block_into(x, bits, sign_mask, lo, min(lo + block, n), lo // block, acc, state, block_sums)
+
+
+@_jit
+def _stats_strided(base, shape, strides, sign_mask, block, lo, hi, acc, state, block_sums,
+                   scratch, scratch_bits):  # fmt: skip
+    """:func:`_stats_chunk` over elements ``lo:hi`` (``lo`` on a block boundary), in row-major
+    order, of the view (``shape``, ``strides``) of the flat ``base``: each block is gathered into
+    ``scratch`` (a block's worth, in cache; ``scratch_bits`` is it viewed as integers) and
+    summed there exactly as in a contiguous tensor."""
+    ndim = shape.size
+    index = np.zeros(ndim, dtype=np.int64)
+    rest = lo
+    pos = 0
+    for d in range(ndim - 1, -1, -1):
+        index[d] = rest % shape[d]
+        rest //= shape[d]
+        pos += index[d] * strides[d]
+    row, step = shape[ndim - 1], strides[ndim - 1]
+    for start in range(lo, hi, block):
+        n = min(block, hi - start)
+        k = 0
+        while k < n:
+            take = min(row - index[ndim - 1], n - k)
+            if step == 1:
+                for i in range(np.uint64(take)):
+                    scratch[np.uint64(k) + i] = base[np.uint64(pos) + i]
+            else:
+                for i in range(np.uint64(take)):
+                    scratch[np.uint64(k) + i] = base[np.uint64(pos) + i * np.uint64(step)]
+            k += take
+            pos += take * step
+            index[ndim - 1] += take
+            d = ndim - 1
+            while d > 0 and index[d] == shape[d]:  # carry into the dimensions before
+                pos += strides[d - 1] - shape[d] * strides[d]
+                index[d] = 0
+                index[d - 1] += 1
+                d -= 1
+        row_of_block = (start - lo) // block
+        _block_into(scratch, scratch_bits, sign_mask, 0, n, row_of_block, acc, state, block_sums)
+
+
+@_jit
+def _block_into(x, bits, sign_mask, lo, hi, row, acc, state, block_sums):
+    """One block of :func:`_stats_chunk`: its sums into ``acc``, or into row ``row`` of
+    ``block_sums`` when it has rows."""
+    total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, state, False)
+    if not math.isfinite(total):  # a non-finite value (or a float64 overflow)
+        for i in range(np.uint64(lo), np.uint64(hi)):
+            _count_special(np.float64(x[i]), state, 2)
+        total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, state, True)
+    if block_sums.shape[0] > 0:
+        block_sums[row, 0] = total
+        block_sums[row, 1] = squares
+    else:
         acc[0] += total
         acc[1] += squares
-        keys[0] = low
-        keys[1] = high
+    state[0] = low
+    state[1] = high
+
+
+@numba.njit(nogil=True, cache=True)  # no fastmath: the additions stay in this order
+def _add_block_sums(block_sums, acc):
+    """Add the rows of ``block_sums`` to ``acc`` one by one, in order: the sums
+    :func:`_stats_chunk` makes when it adds its blocks itself."""
+    for j in range(block_sums.shape[0]):
+        acc[0] += block_sums[j, 0]
+        acc[1] += block_sums[j, 1]
 
 
 @_jit

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from . import _kernels
-from ._chunks import CHUNK_NUMEL, flatten_detached, iter_flat_chunks, scratch
+from . import _kernels, _stats_pass
+from ._chunks import CHUNK_NUMEL, iter_flat_chunks, scratch
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
     if _kernels.accepts(t):
-        total, sq_total, lo, hi, nan, posinf, neginf = _kernels.stats(flatten_detached(t))
+        total, sq_total, lo, hi, nan, posinf, neginf = _stats_pass.stats(t)
     else:
         total, sq_total, lo, hi, nan, posinf, neginf = _torch_stats(t)
     finite_count = t.numel() - nan - posinf - neginf  # real components, for complex tensors

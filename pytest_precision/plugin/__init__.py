@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ..runtime._seeds import DEFAULT_SEED, derive_seed
+from . import _compare as _compare_plugin
 from . import _goldens as _golden_plugin
 from . import _replay as _replay_plugin
 
@@ -45,6 +46,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="seed every test as if it requested the `seeded` fixture",
     )
     _golden_plugin.add_options(parser)
+    _compare_plugin.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -56,6 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getini("precision_autoseed"):
         config.pluginmanager.register(_AutoSeed(), "precision-autoseed")
     config.pluginmanager.register(_golden_plugin.GoldenPlugin(config), _golden_plugin.PLUGIN_NAME)
+    if _compare_plugin.dumps_to_compare(config) is not None:
+        config.pluginmanager.register(
+            _compare_plugin.ComparePlugin(config), _compare_plugin.PLUGIN_NAME
+        )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -75,6 +81,7 @@ def _configured(config: pytest.Config) -> bool:
         config.getoption("precision_seed") != DEFAULT_SEED
         or config.getini("precision_autoseed")
         or getattr(goldens, "golden_dir", None) is not None
+        or _compare_plugin.dumps_to_compare(config) is not None
     )
 
 

@@ -3,16 +3,17 @@
 A test marked ``@pytest.mark.replay(dump, ops=..., devices=None, golden=None)`` that requests
 ``replay_case`` becomes one test per recorded op call matching ``ops`` and per device. This
 module imports no torch itself: only a test carrying the marker loads a dump (and torch).
+Collection reads each dump's index once per session, whatever the number of markers naming it,
+and never a tensor: the cases read their tensors when they run.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import functools
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,41 @@ MARKER = (
 )
 
 
+class SessionDumps:
+    """The dumps a session's replay markers and cases read, each loaded (its index: tensors are
+    read only by the cases) once however many markers and cases name it. Keyed by resolved path;
+    a dump replaced on disk since (another modification time) is read again."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, tuple[int, Dump]] = {}
+
+    def get(self, path: str) -> Dump:
+        from ..dump._load import load_dump
+
+        resolved = os.path.realpath(path)
+        try:
+            mtime = os.stat(resolved).st_mtime_ns
+        except OSError:  # missing: the reader says so, naming the path the marker gave
+            return load_dump(path)
+        cached = self._loaded.get(resolved)
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        dump = load_dump(path)
+        self._loaded[resolved] = (mtime, dump)
+        return dump
+
+
+#: The session's dumps: collection and every case share them (one per process under xdist).
+_SESSION_DUMPS = pytest.StashKey[SessionDumps]()
+
+
+def session_dumps(config: pytest.Config) -> SessionDumps:
+    dumps = config.stash.get(_SESSION_DUMPS, None)
+    if dumps is None:
+        dumps = config.stash[_SESSION_DUMPS] = SessionDumps()
+    return dumps
+
+
 @dataclass(frozen=True)
 class ReplayCase:
     """One recorded op call on one device; ``check()`` fails the test on an ``op-bug``."""
@@ -42,6 +78,8 @@ class ReplayCase:
     step: int
     rank: int
     golden: str | None = None
+    #: where the dumps are read from: the session's, shared by every case
+    dumps: SessionDumps = field(default_factory=SessionDumps, repr=False, compare=False)
 
     def run(self) -> ReplayResult:
         """Replay the op (see :func:`pytest_precision.replay_op`); an op that cannot be rerun
@@ -49,10 +87,10 @@ class ReplayCase:
         from ..replay._verdict import replay_op
         from ..rerun._ops import NotReplayable
 
-        golden = None if self.golden is None else _load(self.golden)
+        golden = None if self.golden is None else self.dumps.get(self.golden)
         try:
             return replay_op(
-                _load(self.dump),
+                self.dumps.get(self.dump),
                 self.name,
                 self.device,
                 golden=golden,
@@ -74,14 +112,6 @@ class ReplayCase:
         return result
 
 
-@functools.cache
-def _load(path: str) -> Dump:
-    """Each dump is read once per process, however many cases replay from it."""
-    from ..dump import load_dump
-
-    return load_dump(path)
-
-
 def generate(metafunc: pytest.Metafunc) -> None:
     """Parametrize a test requesting ``replay_case`` over its marker's calls and devices."""
     marker = metafunc.definition.get_closest_marker("replay")
@@ -92,7 +122,9 @@ def generate(metafunc: pytest.Metafunc) -> None:
             pytrace=False,
         )
     try:
-        params, ids = _cases(marker, metafunc.definition.path.parent)
+        params, ids = _cases(
+            marker, metafunc.definition.path.parent, session_dumps(metafunc.config)
+        )
     except (PrecisionError, TypeError) as exc:
         problem = str(exc)
     else:
@@ -102,7 +134,8 @@ def generate(metafunc: pytest.Metafunc) -> None:
     # the user's mistake is the whole story, without the exception it replaced
 
 
-def _cases(marker: pytest.Mark, folder: Path) -> tuple[list[Any], list[str]]:
+def _cases(marker: pytest.Mark, folder: Path, dumps: SessionDumps) -> tuple[list[Any], list[str]]:
+    """The marker's cases and their ids, from the dump's index alone (no tensor is read)."""
     try:
         options = _options(*marker.args, **marker.kwargs)
     except TypeError as exc:  # a wrong argument: say it in the marker's own terms
@@ -112,19 +145,24 @@ def _cases(marker: pytest.Mark, folder: Path) -> tuple[list[Any], list[str]]:
     dump_path = _resolve(folder, options["dump"])
     golden = options["golden"]
     golden_path = None if golden is None else _resolve(folder, golden)
-    calls = _matching(_load(dump_path), _globs(options["ops"]))
+    calls = _matching(dumps.get(dump_path), _globs(options["ops"]))
     if golden_path is not None:
-        _load(golden_path)  # a missing golden is the marker's error, not every case's
-    devices = _devices(options["devices"])
+        dumps.get(golden_path)  # a missing golden is the marker's error, not every case's
+    devices = [
+        (device, None if unavailable is None else (pytest.mark.skip(reason=unavailable),))
+        for device, unavailable in _devices(options["devices"])
+    ]
     several = len({(c.name, c.step, c.rank) for c in calls}) > len({c.name for c in calls})
-    params, ids = [], []
+    params: list[Any] = []
+    ids: list[str] = []
     for call in calls:
-        where = f"-step{call.step}-rank{call.rank}" if several else ""
-        for device, unavailable in devices:
-            case = ReplayCase(dump_path, call.name, device, call.step, call.rank, golden_path)
-            marks = () if unavailable is None else (pytest.mark.skip(reason=unavailable),)
-            params.append(pytest.param(case, marks=marks))
-            ids.append(f"{call.name}{where}-{device}")
+        stem = f"{call.name}-step{call.step}-rank{call.rank}-" if several else f"{call.name}-"
+        for device, skip in devices:
+            case = ReplayCase(
+                dump_path, call.name, device, call.step, call.rank, golden_path, dumps
+            )
+            params.append(case if skip is None else pytest.param(case, marks=skip))
+            ids.append(stem + device)
     return params, ids
 
 

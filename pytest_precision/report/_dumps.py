@@ -36,7 +36,7 @@ def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
     if result.inputs_diverged is not None:
         d = result.inputs_diverged
         lines.append(f"inputs diverged: {_clip(d.reason)}")
-    failing = _worst(result.records)
+    failing = worst_calls(result.records)
     if failing and worst > 0:
         lines.append(f"worst calls ({min(worst, len(failing))} of {len(failing)} with failures):")
         lines += [f"  {_record_line(r)}" for r in failing[:worst]]
@@ -52,7 +52,7 @@ def _incomplete(result: DumpComparison) -> list[str]:
     ]
 
 
-def _worst(records: list[RecordComparison]) -> list[RecordComparison]:
+def worst_calls(records: list[RecordComparison]) -> list[RecordComparison]:
     """The worst failing record of each call (one tensor is often one call's output and the
     next call's input: listing both says nothing new), worst first."""
     by_call: dict[tuple[int, int, str], RecordComparison] = {}
@@ -67,6 +67,22 @@ def _worst(records: list[RecordComparison]) -> list[RecordComparison]:
         ):
             by_call[key] = r
     return sorted(by_call.values(), key=lambda r: r.error_level, reverse=True)
+
+
+def shard_failure_text(where: str, records: list[RecordComparison], *, worst: int = 5) -> str:
+    """Why a shard of a distributed comparison fails: its failing records, worst call first.
+    Which call is guilty is judged across every shard, once all are measured."""
+    failing = worst_calls(records)
+    count = sum(r.failed for r in records)
+    lines = [f"{where}: {count} of {len(records)} records fail the standard"]
+    lines += [f"  {_record_line(r)}" for r in failing[:worst]]
+    if len(failing) > worst:
+        lines.append(f"  ... {len(failing) - worst} more calls with failures")
+    lines.append(
+        "the first divergence (the guilty call, which may lie in another shard) is judged "
+        "across all shards in the session's summary"
+    )
+    return "\n".join(lines)
 
 
 def _unmatched(result: DumpComparison) -> str:

@@ -43,6 +43,7 @@ EXPECTED = {
     "Reference",
     "ReferenceLimit",
     "SeedHandle",
+    "ShardedComparison",
     "Standard",
     "TensorComparison",
     "TensorStats",

@@ -26,16 +26,9 @@ def build(kind: str, seed: int = 0) -> torch.nn.Module:
         "initializer_range": 0.5,
     }
     if kind == "llama":
-        config = tf.LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=128,
-            **common,
-        )
-        model = tf.LlamaForCausalLM(config)
+        from hf_zoo import wandering_llama
+
+        model = wandering_llama(seed)
     elif kind == "gpt2":
         config = tf.GPT2Config(
             n_embd=64,

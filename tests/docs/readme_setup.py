@@ -16,21 +16,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _hf_pair() -> tuple[Any, Any]:
-    import transformers
+def hf_pair() -> tuple[Any, Any]:
+    """A tiny HF Llama and a copy with one weight loaded wrong (x3)."""
+    from hf_zoo import wandering_llama
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        initializer_range=0.5,
-        pad_token_id=0,
-    )
-    gpu = transformers.LlamaForCausalLM(config).eval()
+    gpu = wandering_llama()
     npu = copy.deepcopy(gpu)
     with torch.no_grad():
         npu.model.layers[0].mlp.down_proj.weight.mul_(3.0)  # a weight loaded wrong
@@ -70,7 +60,7 @@ def readme_namespace() -> dict[str, Any]:
 
     from pytest_precision import precision_environment, save_run
 
-    gpu_model, npu_model = _hf_pair()
+    gpu_model, npu_model = hf_pair()
     input_ids = torch.tensor([[17, 200, 45, 3, 99, 120]])
     x = torch.randn(4, 64)
     reference_in = torch.randn(8, 128, dtype=torch.float64)

@@ -38,6 +38,8 @@ from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))  # readme_setup.py, beside this file
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(?:<!-- snippet: ([^\n]*?) -->\n)?```(\w*)\n(.*?)^```", re.S | re.M)
@@ -127,25 +129,10 @@ def test_every_python_block_compiles_and_every_command_parses(doc: Path) -> None
 def _setup(name: str) -> dict[str, Any]:
     if name != "troubleshooting.md":
         return {}
-    import copy
-
     import torch
-    import transformers
+    from readme_setup import hf_pair
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        initializer_range=0.5,
-    )
-    golden = transformers.LlamaForCausalLM(config).eval()
-    target = copy.deepcopy(golden)
-    with torch.no_grad():
-        target.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+    golden, target = hf_pair()
     return {"golden": golden, "target": target, "ids": torch.tensor([[17, 200, 45, 3, 99, 120]])}
 
 
@@ -167,7 +154,6 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
     previous = Path.cwd()
     os.chdir(folder)
     try:
-        sys.path.insert(0, str(Path(__file__).parent))
         from readme_setup import readme_namespace
 
         return folder, readme_namespace()
@@ -184,6 +170,7 @@ WITH_SETUP = [
     "docs/readers.md",
     "docs/replay.md",
     "docs/output-checks.md",
+    "docs/scale-out.md",
 ]
 
 

@@ -66,6 +66,16 @@ def test_reference_envelope_stored_and_round_trips(gdir: Path, case: tuple) -> N
     assert own["rmse"] == pytest.approx(0.01, rel=0.05)
 
 
+def test_one_reference_tensor_for_two_leaves(gdir: Path) -> None:
+    """A float64 reference returning one tensor twice (tied outputs): the golden file once
+    failed to write, safetensors refusing tensors that share memory."""
+    exact = _noise(0)
+    Golden(gdir, "t", update=True)((exact.float(), exact.float()), "pair", reference=(exact, exact))
+    references = read_golden(gdir / "t.safetensors").entries["pair"].references
+    assert len(references) == 2
+    assert all(torch.equal(stored, exact) for stored in references.values())
+
+
 def test_reference_standard_fails_above_limits_without_warn_band(gdir: Path, case: tuple) -> None:
     exact, golden = case
     Golden(gdir, "t", update=True)(golden, "layer", reference=exact)

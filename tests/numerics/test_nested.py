@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -71,3 +72,14 @@ structures = st.recursive(
 def test_every_path_indexes_back_to_its_leaf(value: Any) -> None:
     for path, leaf in flatten(value):
         assert eval(f"value{path}", {"value": value}) is leaf  # the path is real Python indexing
+
+
+def test_an_hf_kv_cache_is_walked_into_its_layers_keys_and_values() -> None:
+    transformers = pytest.importorskip("transformers")
+    cache = transformers.DynamicCache()
+    keys, values = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    cache.update(keys, values, layer_idx=0)
+    leaves = dict(flatten({"past_key_values": cache}))
+    assert leaves["['past_key_values'].layers[0].keys"] is not None
+    assert torch.equal(leaves["['past_key_values'].layers[0].keys"], keys)
+    assert torch.equal(leaves["['past_key_values'].layers[0].values"], values)

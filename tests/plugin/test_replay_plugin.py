@@ -3,6 +3,7 @@ in real pytest subprocesses on captures of the tiny Llama."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from replay_helpers import BrokenOp, capture_llama
 
 from pytest_precision import load_dump
 from pytest_precision.cli import main
+from pytest_precision.plugin._replay import SessionDumps
 from pytest_precision.runtime._devices import available_devices
 
 SILU_0 = "Functional.silu.0.forward"
@@ -26,7 +28,7 @@ def test_linear(replay_case):
 
 
 @pytest.mark.replay(
-    "dumps/clean",
+    "../sub/dumps/clean",  # the same dump as above, spelled otherwise: read once all the same
     ops=["Functional.silu.*", "Functional.softmax.0.forward"],
     devices=["cpu", "cuda"],
 )
@@ -38,6 +40,54 @@ def test_listed(replay_case):
 def test_context(replay_case):
     replay_case.check()
 """
+
+
+#: Counts, per process, the dump indexes and the tensors read, at the end of collection and of
+#: the session, in ``reads-<worker>-<when>.json``.
+COUNTING_CONFTEST = """
+import json
+
+import pytest_precision.dump._load as load
+import pytest_precision.dump._native as native
+
+indexes, tensors = [], []
+read_index, read_tensor = load.read_native_dump, native.load_safetensors_tensor
+
+
+def counting_index(path):
+    indexes.append(path.name)
+    return read_index(path)
+
+
+def counting_tensor(shard, key):
+    tensors.append(key)
+    return read_tensor(shard, key)
+
+
+load.read_native_dump = counting_index
+native.load_safetensors_tensor = counting_tensor
+
+
+def _save(config, when):
+    # not PYTEST_XDIST_WORKER: this run may itself be inside an xdist worker
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    reads = {"indexes": sorted(indexes), "tensors": len(tensors)}
+    (config.rootpath / f"reads-{worker}-{when}.json").write_text(json.dumps(reads))
+
+
+def pytest_collection_finish(session):
+    _save(session.config, "collection")
+
+
+def pytest_sessionfinish(session):
+    _save(session.config, "session")
+"""
+
+
+def reads(project: pytest.Pytester, when: str) -> dict[str, dict[str, object]]:
+    """What each process read, by worker (``main`` without xdist)."""
+    files = project.path.glob(f"reads-*-{when}.json")
+    return {f.name.split("-")[1]: json.loads(f.read_text()) for f in files}
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +107,7 @@ def project(pytester: pytest.Pytester, captures: Path) -> pytest.Pytester:
     for name in ("clean", "context"):
         shutil.copytree(captures / name, pytester.path / "sub" / "dumps" / name)
     (pytester.path / "sub" / "test_cases.py").write_text(CASES)
+    (pytester.path / "conftest.py").write_text(COUNTING_CONFTEST)
     return pytester
 
 
@@ -83,6 +134,8 @@ def test_the_marker_makes_one_case_per_call_and_device(
         "sub/test_cases.py::test_context[Functional.softmax.0.forward-cpu]",
         "sub/test_cases.py::test_context[Functional.softmax.1.forward-cpu]",
     ]
+    # three markers, two dumps: each index read once, and no tensor (cases read them when run)
+    assert reads(project, "collection") == {"main": {"indexes": ["clean", "context"], "tensors": 0}}
 
 
 @pytest.mark.parametrize("args", [[], ["-n", "2"]], ids=["serial", "xdist"])
@@ -102,6 +155,29 @@ def test_cases_run_skip_and_warn(project: pytest.Pytester, args: list[str]) -> N
             "context",
         ]
     )
+    # every process read each index once, at collection; the cases reused it for their tensors
+    workers = ["gw0", "gw1"] if args else ["main"]
+    at_collection, at_end = reads(project, "collection"), reads(project, "session")
+    assert sorted(at_collection) == workers  # xdist's controller collects nothing
+    for worker in workers:
+        assert at_collection[worker] == {"indexes": ["clean", "context"], "tensors": 0}
+        assert at_end[worker]["indexes"] == ["clean", "context"]
+    assert sum(read["tensors"] for read in at_end.values()) > 0  # the count counts
+
+
+def test_a_session_reads_a_dump_once_until_it_is_replaced(tmp_path: Path, captures: Path) -> None:
+    dump = tmp_path / "dump"
+    shutil.copytree(captures / "context", dump)
+    (tmp_path / "link").symlink_to(dump)
+    dumps = SessionDumps()
+    first = dumps.get(str(dump))
+    assert dumps.get(str(tmp_path / "." / "dump")) is first
+    assert dumps.get(str(tmp_path / "link")) is first
+    shutil.rmtree(dump)
+    shutil.copytree(captures / "clean", dump)  # another capture under the same name
+    second = dumps.get(str(dump))
+    assert second is not first
+    assert dumps.get(str(dump)) is second
 
 
 BAD_MARKERS = {

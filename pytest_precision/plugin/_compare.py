@@ -1,0 +1,272 @@
+"""The dump comparison as a pytest session: ``pytest --precision-compare GOLDEN TARGET``.
+
+With the option the session collects one item per shard (decode step, rank, decoder layer)
+and nothing else. An item measures its shard, reading only that shard's tensors, and fails
+when one of its records fails the standard. What it measured travels on its test report (xdist
+serializes a report's extra attributes), so the process that reports (the pytest process
+itself, or xdist's controller) merges every shard's measurements and judges the first divergence
+across all of them, once, at the end of the session: the report ``pytest-precision compare``
+prints. ``docs/scale-out.md`` says how to spread it over machines. Torch is imported only when
+the option is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Generator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .._errors import PrecisionError
+
+if TYPE_CHECKING:
+    from ..compare._shards import Shard, ShardedComparison
+
+PLUGIN_NAME = "precision-compare"
+#: The collector's node id: items are ``precision-compare::step0-rank3-model.layers.2``.
+COLLECTOR = "precision-compare"
+#: The attribute of a shard's call report that carries its measurements.
+PAYLOAD = "precision_compare_payload"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("precision")
+    group.addoption(
+        "--precision-compare",
+        nargs=2,
+        metavar=("GOLDEN", "TARGET"),
+        help="compare two dumps as a session of one test per shard (step, rank, layer) and "
+        "judge the first divergence across all shards; collects nothing else (works with -n)",
+    )
+    parser.addini(
+        "precision_compare",
+        "GOLDEN TARGET: --precision-compare as a setting; `-o precision_compare='G T'` "
+        "reaches xdist's remote workers unchanged (xdist rewrites command-line paths)",
+        type="args",
+    )
+    group.addoption(
+        "--precision-compare-standard",
+        choices=["allclose", "ratio", "ulp", "exact"],
+        help="judge every tensor of --precision-compare by this standard (default: per dtype)",
+    )
+    group.addoption(
+        "--precision-compare-json",
+        metavar="PATH",
+        help="write the whole --precision-compare comparison as JSON (as `compare --json`)",
+    )
+    group.addoption(
+        "--precision-compare-csv",
+        metavar="PATH",
+        help="write one row per record of --precision-compare as CSV (as `compare --csv`)",
+    )
+
+
+class ComparePlugin:
+    """Registered only with ``--precision-compare``: collection, the shards' reports, the
+    judgement at the end of the session."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.worker = hasattr(config, "workerinput")
+        json_path = config.getoption("precision_compare_json")
+        csv_path = config.getoption("precision_compare_csv")
+        base = config.invocation_params.dir
+        self.json_path = None if json_path is None else base / json_path
+        self.csv_path = None if csv_path is None else base / csv_path
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if self.config.pluginmanager.has_plugin("dsession"):
+            # xdist's controller reads the dumps' index and aligns them (metadata) while the
+            # workers start and measure, in a thread: its event loop keeps feeding them
+            thread = threading.Thread(
+                target=_prepare, args=(self.config,), name="precision-compare", daemon=True
+            )
+            thread.start()
+            self.config.stash[_PREPARING_KEY] = thread
+
+    # --- collection (serial run or xdist worker; xdist's controller collects nothing) ----------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> bool | None:
+        if self.config.pluginmanager.has_plugin("dsession"):
+            return None  # xdist's controller: its workers collect
+        hook = self.config.hook
+        session.items = []
+        try:
+            collector = _Shards.from_parent(session, name=COLLECTOR, nodeid=COLLECTOR)
+            session.items.extend(session.genitems(collector))
+            self.config.pluginmanager.check_pending()
+            hook.pytest_collection_modifyitems(
+                session=session, config=self.config, items=session.items
+            )
+        finally:
+            hook.pytest_collection_finish(session=session)
+        session.testscollected = len(session.items)
+        return True
+
+    # --- running (serial run or xdist worker) -------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if call.when == "call" and _PAYLOAD_KEY in item.stash:
+            # one JSON string: xdist serializes it at once, nested lists value by value
+            setattr(report, PAYLOAD, json.dumps(item.stash[_PAYLOAD_KEY]))
+        return report
+
+    # --- judging (serial run or xdist controller) -----------------------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.worker:
+            return  # the report travels to the controller with its payload
+        payload = report.__dict__.pop(PAYLOAD, None)  # kept once: the report keeps no copy
+        if payload is not None:
+            self.config.stash.setdefault(_RECEIVED_KEY, {})[report.nodeid] = payload
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if (
+            self.worker
+            or self.config.option.collectonly
+            or session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+        ):
+            return  # nothing ran, or a collection error (a bad dump) said why
+        if _PREPARING_KEY in self.config.stash:
+            self.config.stash[_PREPARING_KEY].join()
+        comparison = _comparison(self.config)
+        received = self.config.stash.get(_RECEIVED_KEY, {})
+        missing = [s for s in comparison.shards if _nodeid(s) not in received]
+        self.config.stash[_MISSING_KEY] = missing
+        if missing:
+            return
+        for shard in comparison.shards:
+            comparison.merge(json.loads(received.pop(_nodeid(shard))))
+        before = comparison.measurements.computed
+        result = comparison.result()
+        self.config.stash[_RESULT_KEY] = result
+        self.config.stash[_JUDGE_MEASURED_KEY] = comparison.measurements.computed - before
+        if self.json_path is not None:
+            result.write_json(self.json_path)
+        if self.csv_path is not None:
+            result.write_csv(self.csv_path)
+        if not result.passed and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.worker or _MISSING_KEY not in self.config.stash:
+            return
+        terminalreporter.write_sep("=", "dump comparison (pytest-precision)")
+        missing = self.config.stash[_MISSING_KEY]
+        if missing:
+            shards = len(_comparison(self.config).shards)
+            terminalreporter.write_line(
+                f"not judged: {len(missing)} of {shards} shards were not measured (deselected, "
+                f"skipped, or the session stopped early; first: {missing[0].id}); the first "
+                "divergence is judged only across all shards"
+            )
+            return
+        result = self.config.stash[_RESULT_KEY]
+        for line in result.report().splitlines():
+            terminalreporter.write_line(line)
+        comparison = _comparison(self.config)
+        found = result.first_divergence
+        if found is not None:
+            shard = comparison.shard_of(found.step, found.rank, found.name)
+            terminalreporter.write_line(f"first divergence in shard {_nodeid(shard)}")
+        terminalreporter.write_line(
+            f"judged across {len(comparison.shards)} shards measured by their tests "
+            f"(measured while judging: {self.config.stash[_JUDGE_MEASURED_KEY]})"
+        )
+
+
+class _Shards(pytest.Collector):
+    """The comparison's shards, from the dumps' index (no tensor is read)."""
+
+    def collect(self) -> list[pytest.Item]:
+        try:
+            shards = _comparison(self.config).shards
+        except PrecisionError as exc:
+            raise self.CollectError(f"--precision-compare: {exc}") from None
+        return [_ShardItem.from_parent(self, name=s.id, shard=s) for s in shards]
+
+
+class _ShardItem(pytest.Item):
+    """One shard: fails when a record of it fails the standard."""
+
+    def __init__(self, *, shard: Shard, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shard = shard
+
+    def runtest(self) -> None:
+        from ..report._dumps import shard_failure_text
+
+        part = _comparison(self.config).measure(self.shard)
+        self.stash[_PAYLOAD_KEY] = part.payload
+        if part.failed:
+            where = f"step {self.shard.step}, rank {self.shard.rank}, "
+            where += f"layer {self.shard.layer}" if self.shard.layer else "outside the layers"
+            raise _ShardFailed(shard_failure_text(where, part.records))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, (_ShardFailed, PrecisionError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"{COLLECTOR}::{self.name}"
+
+
+class _ShardFailed(AssertionError):
+    """Records of the shard fail the standard."""
+
+
+def dumps_to_compare(config: pytest.Config) -> tuple[str, str] | None:
+    """GOLDEN and TARGET from ``--precision-compare``, else from the ``precision_compare``
+    setting; None when neither is given."""
+    given = config.getoption("precision_compare") or config.getini("precision_compare")
+    if not given:
+        return None
+    if len(given) != 2:
+        raise pytest.UsageError(f"precision_compare needs GOLDEN TARGET, got {given!r}")
+    return given[0], given[1]
+
+
+def _comparison(config: pytest.Config) -> ShardedComparison:
+    """The comparison of this process: its dumps' index is read once per process."""
+    if _COMPARISON_KEY not in config.stash:
+        from ..compare._shards import ShardedComparison
+
+        dumps = dumps_to_compare(config)
+        assert dumps is not None, "the plugin is registered only with dumps to compare"
+        golden, target = dumps
+        standard = config.getoption("precision_compare_standard")
+        config.stash[_COMPARISON_KEY] = ShardedComparison(golden, target, standard=standard)
+    return config.stash[_COMPARISON_KEY]
+
+
+def _prepare(config: pytest.Config) -> None:
+    """Read the index and align, ahead of the judgement; a failure (a bad dump, which the
+    workers report too) is raised again when the judgement needs the comparison."""
+    with contextlib.suppress(Exception):
+        _comparison(config).aligned.matched  # noqa: B018 (computed and kept)
+
+
+def _nodeid(shard: Shard) -> str:
+    return f"{COLLECTOR}::{shard.id}"
+
+
+_COMPARISON_KEY = pytest.StashKey["ShardedComparison"]()
+_PAYLOAD_KEY = pytest.StashKey[dict[str, Any]]()
+#: each shard's measurements (JSON), by node id
+_RECEIVED_KEY = pytest.StashKey[dict[str, str]]()
+#: xdist's controller: the thread reading the index while the workers measure
+_PREPARING_KEY = pytest.StashKey[threading.Thread]()
+_MISSING_KEY = pytest.StashKey[list["Shard"]]()
+_RESULT_KEY = pytest.StashKey["DumpComparison"]()
+#: what the judge measured itself (checks no shard made ahead: rare; tensors it read)
+_JUDGE_MEASURED_KEY = pytest.StashKey[int]()

@@ -1,0 +1,141 @@
+"""ShardedComparison: shards measured apart, as xdist workers measure them, and judged once give
+the report of ``compare_dumps``; a worker reads the tensors of its shards and nothing else; the
+judge reads none. On simulated tensor-parallel dumps (``tests/tp_dumps.py``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tp_dumps import Bug, shard_data, write_tp_dump
+
+from pytest_precision import DumpComparison, ShardedComparison, compare_dumps
+from pytest_precision.compare._shards import Shard
+from pytest_precision.dump import _native
+
+BUGS = {
+    "same": None,
+    "weight": Bug("weight", rank=1, layer=0),  # a source on rank 1, every step
+    "kernel": Bug("kernel", rank=1, layer=1, step=1),  # rank 1's last residual add, step 1
+}
+
+
+@pytest.fixture(scope="module")
+def tp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A golden and a target per bug: 2 ranks, 2 steps, 2 layers."""
+    root = tmp_path_factory.mktemp("tp")
+    dumps = {"golden": write_tp_dump(root / "golden", ranks=2, steps=2, layers=2)}
+    for name, bug in BUGS.items():
+        dumps[name] = write_tp_dump(root / name, ranks=2, steps=2, layers=2, bug=bug)
+    return dumps
+
+
+class Reads:
+    """Every tensor read from a native dump, as its data id (``rank/shard/key``)."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def take(self) -> set[str]:
+        taken, self.ids = set(self.ids), []
+        return taken
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
+    log = Reads()
+    load = _native._load
+
+    def logged(shard: Path, key: str, *args: object) -> object:
+        log.ids.append(f"{shard.parent.name.removeprefix('rank')}/{shard.name}/{key}")
+        return load(shard, key, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_native, "_load", logged)
+    return log
+
+
+def _distributed(
+    golden: Path, target: Path, *, workers: int = 2, reads: Reads | None = None
+) -> tuple[DumpComparison, ShardedComparison]:
+    """Each worker its own comparison (its own process, in xdist), the shards dealt round
+    robin, the payloads through JSON; a fresh judge merges them and judges."""
+    payloads = []
+    for number in range(workers):
+        worker = ShardedComparison(golden, target)
+        for shard in worker.shards[number::workers]:
+            part = worker.measure(shard)
+            payloads.append(json.loads(json.dumps(part.payload)))
+            if reads is not None:
+                assert reads.take() <= shard_data(worker, shard), shard.id
+    judge = ShardedComparison(golden, target)
+    for payload in reversed(payloads):  # in any order
+        judge.merge(payload)
+    return judge.result(), judge
+
+
+def _json(result: DumpComparison, path: Path) -> object:
+    result.write_json(path)
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("variant", list(BUGS))
+def test_shards_judged_together_give_the_report_of_compare_dumps(
+    tp: dict[str, Path], variant: str, tmp_path: Path
+) -> None:
+    serial = compare_dumps(tp["golden"], tp[variant])
+    distributed, judge = _distributed(tp["golden"], tp[variant])
+    assert _json(distributed, tmp_path / "d.json") == _json(serial, tmp_path / "s.json")
+    assert distributed.report() == serial.report()
+    assert judge.measurements.computed == 0  # the judge read no tensor
+    if BUGS[variant] is not None:
+        found = distributed.first_divergence
+        assert found is not None
+        assert (found.rank, found.cause) == (1, "source" if variant == "weight" else "rerun")
+
+
+def test_a_planted_bug_fails_exactly_its_shard(tp: dict[str, Path]) -> None:
+    comparison = ShardedComparison(tp["golden"], tp["kernel"])
+    failing = [s.id for s in comparison.shards if comparison.measure(s).failed]
+    assert failing == ["step1-rank1-layers.1"]
+    assert len(comparison.shards) == 2 * 2 * 3  # steps x ranks x (2 layers + the rest)
+
+
+def test_a_worker_reads_only_the_tensors_of_its_shards(tp: dict[str, Path], reads: Reads) -> None:
+    worker = ShardedComparison(tp["golden"], tp["weight"])
+    assert worker.shards  # the index was read
+    assert reads.take() == set()  # listing the shards reads no tensor
+    for shard in worker.shards:
+        worker.measure(shard)
+        taken = reads.take()
+        assert taken, f"{shard.id} measured nothing"
+        assert taken <= shard_data(worker, shard), shard.id
+    result, _ = _distributed(tp["golden"], tp["weight"], reads=reads)
+    assert reads.take() == set()  # judging merged measurements reads nothing
+    assert result.first_divergence is not None
+
+
+def test_an_unknown_shard_is_refused(tp: dict[str, Path]) -> None:
+    comparison = ShardedComparison(tp["golden"], tp["same"])
+    with pytest.raises(KeyError, match=r"step9-rank0-layers\.0"):
+        comparison.measure(Shard(9, 0, "layers.0"))
+
+
+@pytest.mark.slow
+def test_sixty_four_ranks_judge_the_same_first_divergence_distributed(
+    tmp_path: Path, reads: Reads
+) -> None:
+    """64 ranks, 2 decode steps, small tensors: a weight off on rank 37 reaches every rank
+    through the all_reduce; serial and two workers convict the same call, and each worker
+    reads only the tensors of the shards it measured."""
+    golden = write_tp_dump(tmp_path / "g", ranks=64, steps=2, layers=1)
+    target = write_tp_dump(tmp_path / "t", ranks=64, steps=2, layers=1, bug=Bug("weight", 37, 0))
+    serial = compare_dumps(golden, target)
+    reads.take()
+    distributed, judge = _distributed(golden, target, reads=reads)
+    assert judge.measurements.computed == 0
+    assert len(judge.shards) == 64 * 2 * 2
+    found = distributed.first_divergence
+    assert found is not None
+    assert (found.rank, found.step, found.name) == (37, 0, "Functional.linear.0.forward")
+    assert _json(distributed, tmp_path / "d.json") == _json(serial, tmp_path / "s.json")

@@ -1,0 +1,139 @@
+"""Simulated tensor-parallel dumps: many ranks, several decode steps, small tensors, written
+with the native dump writer record by record (no model runs, no processes per rank).
+
+Each rank at each step runs an embedding (outside every layer), then per layer a row-parallel
+projection (``Functional.linear``), an ``all_reduce`` of the ranks' partial sums and a
+residual ``Tensor.add``, inside a ``Module.layers.<l>.Block`` call. A planted bug makes one
+rank's weight in one layer off (``weight``: a source, at every step) or one rank's residual add
+compute wrong at one step (``kernel``: a float64 rerun convicts it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pytest_precision import ShardedComparison
+from pytest_precision.compare._shards import Shard
+from pytest_precision.dump._writer import DumpWriter
+
+TOKENS, HIDDEN, VOCAB = 4, 8, 16
+
+
+@dataclass(frozen=True)
+class Bug:
+    kind: str  # "weight" or "kernel"
+    rank: int
+    layer: int
+    step: int = 0  # the kernel bug's step (a weight is wrong at every step)
+
+
+def write_tp_dump(
+    path: Path, *, ranks: int, steps: int, layers: int, bug: Bug | None = None
+) -> Path:
+    """Write the dump of ``ranks`` ranks at ``steps`` decode steps into ``path``."""
+    weights = _weights(ranks, layers, bug)
+    embedding = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(1))
+    writers = [
+        DumpWriter(path, rank=r, world_size=ranks, info={"level": "mix"}, background=False)
+        for r in range(ranks)
+    ]
+    for writer in writers:
+        writer.start()
+    for step in range(steps):
+        ids = torch.randint(0, VOCAB, (TOKENS,), generator=torch.Generator().manual_seed(step))
+        for writer in writers:
+            _call(writer, step, "Functional.embedding.0.forward", "embed", None,
+                  {"input.0": ids, "input.1": embedding, "output.0": embedding[ids]})  # fmt: skip
+        xs = [embedding[ids]] * ranks  # each rank's hidden state
+        for layer in range(layers):
+            partials = [xs[r] @ weights[r][layer].T for r in range(ranks)]
+            total = torch.stack(partials).sum(0)
+            for rank, writer in enumerate(writers):
+                y = xs[rank] + total
+                if bug == Bug("kernel", rank, layer, step):
+                    y = y * 1.01
+                _layer(
+                    writer, step, layer, xs[rank], weights[rank][layer], partials[rank], total, y
+                )
+                xs[rank] = y
+    for writer in writers:
+        writer.close()
+    return path
+
+
+def _weights(ranks: int, layers: int, bug: Bug | None) -> list[list[torch.Tensor]]:
+    scale = (HIDDEN * ranks) ** -0.5
+    out = []
+    for rank in range(ranks):
+        generator = torch.Generator().manual_seed(1000 + rank)
+        per_layer = [
+            torch.randn(HIDDEN, HIDDEN, generator=generator) * scale for _ in range(layers)
+        ]
+        out.append(per_layer)
+    if bug is not None and bug.kind == "weight":
+        out[bug.rank][bug.layer] = out[bug.rank][bug.layer].clone()
+        out[bug.rank][bug.layer][3, 5] += 1.0
+    return out
+
+
+def _layer(
+    writer: DumpWriter,
+    step: int,
+    layer: int,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    partial: torch.Tensor,
+    total: torch.Tensor,
+    y: torch.Tensor,
+) -> None:
+    path = f"layers.{layer}"
+    block = f"Module.{path}.Block.forward.0"
+    _call(writer, step, block, path, None, {"input.0": x})
+    _call(writer, step, f"Functional.linear.{layer}.forward", f"{path}.proj", block,
+          {"input.0": x, "input.1": weight, "output.0": partial})  # fmt: skip
+    _call(writer, step, f"Distributed.all_reduce.{layer}.forward", path, block,
+          {"input.0": partial, "output.0": total})  # fmt: skip
+    _call(writer, step, f"Tensor.add.{layer}.forward", path, block,
+          {"input.0": x, "input.1": total, "output.0": y})  # fmt: skip
+    _call(writer, step, block, path, None, {"output.0": y})
+
+
+def _call(
+    writer: DumpWriter,
+    step: int,
+    name: str,
+    module: str,
+    parent: str | None,
+    slots: dict[str, torch.Tensor],
+) -> None:
+    kind, op = name.split(".")[:2]
+    if kind == "Module":
+        op = name.split(".")[-3]
+    for slot, tensor in slots.items():
+        entry: dict[str, Any] = {
+            "name": name,
+            "kind": kind,
+            "op": op,
+            "module": module,
+            "parent": parent,
+            "step": step,
+            "slot": slot,
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "shape": list(tensor.shape),
+            "value": None,
+        }
+        writer.add(entry, key=f"{step}/{name}/{slot}", tensor=tensor.clone())
+
+
+def shard_data(comparison: ShardedComparison, shard: Shard) -> set[str]:
+    """The stored data (``rank/shard file/key``) the records of a shard's calls point at."""
+    return {
+        r.data_id
+        for pair in comparison.pairs(shard)
+        for call in pair
+        for r in call.records
+        if r.data_id is not None
+    }

@@ -192,7 +192,7 @@ class _SharedRanges(Generic[T]):
 
     def __init__(self, ranges: list[tuple[int, int]], work: Callable[[int, int], T]) -> None:
         self.ranges = ranges
-        self._work = work
+        self._work: Callable[[int, int], T] | None = work
         self._taken = 0
         self._finished = 0
         self._done = threading.Condition()
@@ -203,12 +203,12 @@ class _SharedRanges(Generic[T]):
         """Run ranges until none is left to take."""
         while True:
             with self._done:
-                index = self._taken
-                if index == len(self.ranges):
+                index, work = self._taken, self._work
+                if index == len(self.ranges) or work is None:
                     return
                 self._taken += 1
             try:
-                self._results[index] = self._work(*self.ranges[index])
+                self._results[index] = work(*self.ranges[index])
             except BaseException as exc:  # raised again by results(), in the calling thread
                 self._errors[index] = exc
             with self._done:
@@ -220,9 +220,13 @@ class _SharedRanges(Generic[T]):
         error, if any failed."""
         with self._done:
             self._done.wait_for(lambda: self._finished == len(self.ranges))
+            # a pool thread that starts late still holds this object: not the work and the
+            # tensors it reads (memory-mapped pairs would pile up while it waits its turn)
+            self._work = None
         if self._errors:
             raise self._errors[min(self._errors)]
-        return [self._results[i] for i in range(len(self.ranges))]
+        results, self._results = self._results, {}
+        return [results[i] for i in range(len(self.ranges))]
 
 
 # --------------------------------------------------------------------------------------------

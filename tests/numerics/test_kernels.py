@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import weakref
 from concurrent.futures import Future
 from dataclasses import fields
 
@@ -239,11 +240,24 @@ def test_the_caller_runs_the_ranges_no_pool_thread_has_started(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On a loaded machine a pool thread can start late: the calling thread takes the ranges
-    left rather than wait for it. A pool that never runs anything stands in for that."""
+    left rather than wait for it, and the late thread's queued task holds nothing the work
+    read (memory-mapped tensors would pile up). A pool that never runs anything stands in."""
+
+    queued: list[object] = []
 
     class Stalled:
-        def submit(self, *args: object) -> Future[None]:
+        def submit(self, *task: object) -> Future[None]:
+            queued.append(task)
             return Future()  # never runs, never completes
+
+    class Data:
+        pass
+
+    data = Data()
+    alive = weakref.ref(data)
+
+    def work(lo: int, hi: int, data: Data = data) -> tuple[int, int]:
+        return lo, hi
 
     _with_geometry(monkeypatch, (4, 16, 32))
     monkeypatch.setattr(_kernels, "_threads", lambda width: Stalled())
@@ -252,7 +266,7 @@ def test_the_caller_runs_the_ranges_no_pool_thread_has_started(
     try:
         torch.set_num_threads(4)
         caller = threading.Thread(
-            target=lambda: found.append(_kernels.run_chunks(64, lambda lo, hi: (lo, hi))),
+            target=lambda work=work: found.append(_kernels.run_chunks(64, work)),
             daemon=True,  # left behind, blocked, if the caller waits for the stalled pool
         )
         caller.start()
@@ -260,6 +274,9 @@ def test_the_caller_runs_the_ranges_no_pool_thread_has_started(
     finally:
         torch.set_num_threads(threads)
     assert found == [[(0, 16), (16, 32), (32, 48), (48, 64)]]
+    del data, work
+    assert len(queued) == 3
+    assert alive() is None
 
 
 @needs_numba

@@ -4,18 +4,18 @@ A native dump of ``--calls`` op calls (small float32 tensors, recorded by ``capt
 written once; then ``pytest --collect-only -q`` runs, each time in a fresh process, on
 
 - ``plain``: one test with ``@pytest.mark.parametrize`` over as many values (the baseline);
-- ``plain+torch``: the same, in a test file that imports torch (a replay run must import torch
-  to list its devices; this isolates that fixed cost);
+- ``plain+torch``: the same, in a test file that imports torch (what collection cost while
+  the replay marker imported torch to read the dump and list the devices);
 - ``replay``: one test with ``@pytest.mark.replay(dump, devices="cpu")`` over the dump;
 - ``replay x2``: two such tests on the same dump (the index must be read once, not per marker),
   and ``plain+torch x2``, twice the plain cases in a test file importing torch.
 
 Runs are interleaved and the best of ``--repeat`` is kept: the least disturbed by other load;
 CPU seconds (the process's own) vary less than wall seconds on a shared machine. Target:
-replay / plain <= 1.3. A replay run imports torch (to read the dump and list the devices) and
-reads the dump's index once: ``replay / plain+torch`` is the replay's own cost beyond importing
-torch (mostly reading the index, three records per call), and ``replay x2 / plain+torch x2``
-shows that a second marker on the same dump costs only its cases.
+replay / plain <= 1.3. Collection reads a native dump's JSON index without importing torch
+(``devices="cpu"`` needs none either): what ``replay`` costs beyond ``plain`` is mostly parsing
+that index, three JSON lines per call. ``replay x2`` shows that a second marker on the same
+dump costs only its cases.
 
     python benchmarks/replay_collection.py [--calls 10000] [--repeat 5]
 """

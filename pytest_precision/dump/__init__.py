@@ -1,9 +1,34 @@
-"""Dumps: the native format, capture of module/op tensors, and readers for other layouts."""
+"""Dumps: the native format, capture of module/op tensors, and readers for other layouts.
+
+Names load on first use: the replay plugin indexes native dumps at collection time without
+importing torch (see ``_call_index``), which importing the capture and readers here would undo.
+"""
 
 from __future__ import annotations
 
-from ._capture import Capture, capture
-from ._load import load_dump
-from ._records import Dump, Record
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from ._capture import Capture, capture
+    from ._load import load_dump
+    from ._records import Dump, Record
 
 __all__ = ["Capture", "Dump", "Record", "capture", "load_dump"]
+
+_MODULE_OF = {
+    "Capture": "._capture",
+    "capture": "._capture",
+    "load_dump": "._load",
+    "Dump": "._records",
+    "Record": "._records",
+}
+
+
+def __getattr__(name: str) -> typing.Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -28,8 +28,8 @@ from ._atb_bin import (
     subdirs,
 )
 from ._atb_csv import ROOT_NAME, StatRow, read_statistics
+from ._json_files import MAX_NESTING
 from ._records import Dump, Record
-from ._safe_io import MAX_NESTING
 
 FORMAT = "atb"
 STATISTICS = "statistic.csv"

@@ -17,7 +17,7 @@ from pathlib import Path
 from .._errors import DumpFormatError
 from ..numerics._stats import TensorStats
 from ._atb_bin import DTYPES, MKI_DTYPES, MKI_FORMATS, stage_of
-from ._safe_io import MAX_NESTING
+from ._json_files import MAX_NESTING
 
 STAT_COLUMNS = (
     "Device and PID", "Execution Count", "Op Name", "Op Type", "Op Id", "Input/Output", "Index",

@@ -7,12 +7,13 @@ from pathlib import Path
 
 from .._errors import DumpFormatError, PrecisionInputError
 from ._atb import is_atb_dump, read_atb_dump
+from ._json_files import TOO_DEEP
 from ._mindspore import is_mindspore_dump, read_mindspore_dump
 from ._msprobe import is_msprobe_dump, read_msprobe_dump
-from ._native import is_native_dump, read_native_dump
+from ._native import read_native_dump
+from ._native_index import is_native_dump
 from ._plain import SUFFIXES, read_plain_dump, tensor_files
 from ._records import Dump
-from ._safe_io import TOO_DEEP
 
 
 def load_dump(path: str | os.PathLike[str]) -> Dump:

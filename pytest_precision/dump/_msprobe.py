@@ -26,8 +26,9 @@ import torch
 from .._errors import DumpFormatError
 from ..numerics._dtypes import dtype_name
 from ..numerics._stats import TensorStats
+from ._json_files import MAX_NESTING, TOO_DEEP, read_json
 from ._records import Dump, Record
-from ._safe_io import MAX_NESTING, TOO_DEEP, load_npy, load_pt_tensor, read_json
+from ._safe_io import load_npy, load_pt_tensor
 
 FORMAT = "msprobe"
 DATA_DIR = "dump_tensor_data"

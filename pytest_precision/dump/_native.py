@@ -1,4 +1,4 @@
-"""The native dump format: file layout, JSON encoding of values, and the reader.
+"""The native dump format: JSON encoding of values, and the reader.
 
 Layout (documented for users in ``docs/dump-format.md``)::
 
@@ -9,6 +9,7 @@ Layout (documented for users in ``docs/dump-format.md``)::
 
 A dump counts as complete only when the manifest says so and every listed rank has its
 ``rank.json``; anything else was cut short and is refused with a message saying what is missing.
+The layout and its JSON metadata are read in :mod:`._native_index` (no torch there).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,21 +28,10 @@ from safetensors import safe_open
 from .._atomic import atomic_write
 from .._errors import DumpFormatError
 from ..numerics._stats import TensorStats
+from ._json_files import TOO_DEEP
+from ._native_index import RANK_DONE, RECORDS, SHARD_PATTERN, rank_dir, read_manifest, read_rank
 from ._records import Dump, Record
-from ._safe_io import TOO_DEEP, load_safetensors_tensor, read_json
-
-FORMAT_NAME = "pytest-precision-dump"
-#: Bumped on any change an older reader would misread; readers refuse versions they do not know.
-SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
-RECORDS = "records.jsonl"
-RANK_DONE = "rank.json"
-SHARD_PATTERN = re.compile(r"shard-\d{5}\.safetensors")
-
-
-def rank_dir(root: Path, rank: int) -> Path:
-    return root / f"rank{rank}"
-
+from ._safe_io import load_safetensors_tensor
 
 # -- JSON values ---------------------------------------------------------------------------------
 # Strict JSON has no inf/nan, slices or dtypes; those become one-key objects tagged with "$".
@@ -170,53 +160,6 @@ def numerics_settings() -> dict[str, Any]:
 # -- reading -------------------------------------------------------------------------------------
 
 
-def is_native_dump(path: Path) -> bool:
-    """Whether ``path`` looks like a native dump, complete or not (the reader says which)."""
-    path = Path(path)
-    return (path / MANIFEST).is_file() or any(path.glob(f"rank*/{RECORDS}"))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise DumpFormatError(path, "malformed JSON: expected an object at the top level")
-    return data
-
-
-def _int_list(path: Path, data: dict[str, Any], key: str) -> list[int]:
-    value = data.get(key)
-    if not isinstance(value, list) or not all(type(item) is int for item in value):
-        raise DumpFormatError(path, f"{key!r} must be a list of integers, got {value!r}")
-    return value
-
-
-def read_manifest(root: Path) -> dict[str, Any]:
-    path = root / MANIFEST
-    if not path.is_file() and any(root.glob(f"rank*/{RECORDS}")):
-        raise DumpFormatError(
-            path, "incomplete dump: no manifest (the capture was cut short or is still running)"
-        )
-    manifest = _read_json(path)
-    if manifest.get("format") != FORMAT_NAME:
-        raise DumpFormatError(
-            path, f"not a pytest-precision dump (format {manifest.get('format')!r})"
-        )
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise DumpFormatError(
-            path,
-            f"unknown schema version {version!r}; this pytest-precision reads version "
-            f"{SCHEMA_VERSION} (upgrade pytest-precision to read newer dumps)",
-        )
-    if manifest.get("complete") is not True:
-        raise DumpFormatError(
-            path, "incomplete dump: the capture did not finish (cut short by a crash, or running)"
-        )
-    _int_list(path, manifest, "ranks")
-    _int_list(path, manifest, "steps")
-    return manifest
-
-
 def read_native_dump(path: Path) -> Dump:
     """Load a native dump; tensors stay on disk until ``Record.load()`` (memory-mapped reads)."""
     root = Path(path)
@@ -234,40 +177,11 @@ def read_native_dump(path: Path) -> Dump:
 
 
 def _read_rank(root: Path, rank: int) -> list[Record]:
+    shard_names, entries = read_rank(root, rank)
     folder = rank_dir(root, rank)
-    done_path = folder / RANK_DONE
-    if not done_path.is_file():
-        raise DumpFormatError(
-            done_path, f"incomplete dump: rank {rank} never finalized (crashed or still running)"
-        )
-    done = _read_json(done_path)
-    shards = done.get("shards")
-    if not isinstance(shards, dict) or not all(type(size) is int for size in shards.values()):
-        raise DumpFormatError(done_path, f"'shards' must map file names to sizes, got {shards!r}")
-    for name, size in shards.items():
-        _check_shard(folder, name, size, done_path)
+    headers = {name: _Shard(folder / name, _shard_header(folder / name)) for name in shard_names}
     index_path = folder / RECORDS
-    entries = list(_read_index(index_path))
-    if len(entries) != done.get("records"):
-        raise DumpFormatError(
-            index_path,
-            f"{len(entries)} records, but {RANK_DONE} says {done.get('records')!r}: truncated",
-        )
-    headers = {name: _Shard(folder / name, _shard_header(folder / name)) for name in shards}
     return [_record(entry, rank, headers, f"{index_path}:{line}") for line, entry in entries]
-
-
-def _check_shard(folder: Path, name: object, size: int, source: Path) -> None:
-    if not isinstance(name, str) or not SHARD_PATTERN.fullmatch(name):
-        raise DumpFormatError(source, f"shard {name!r} points outside the dump folder")
-    shard = folder / name
-    if not shard.is_file():
-        raise DumpFormatError(shard, "missing shard")
-    if shard.resolve().parent != folder.resolve():
-        raise DumpFormatError(shard, f"links to {shard.resolve()}, outside the dump folder")
-    actual = shard.stat().st_size
-    if actual != size:
-        raise DumpFormatError(shard, f"truncated or altered shard: {actual} bytes, expected {size}")
 
 
 class _Shard(NamedTuple):
@@ -289,38 +203,8 @@ def _shard_header(shard: Path) -> dict[str, tuple[str, list[int]]]:
         raise DumpFormatError(shard, f"unreadable safetensors file: {exc}") from None
 
 
-def _read_index(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    try:
-        handle = path.open(encoding="utf-8")
-    except FileNotFoundError:
-        raise DumpFormatError(path, "missing record index") from None
-    with handle:
-        lines = enumerate(handle, start=1)
-        while True:
-            try:
-                number, line = next(lines)
-            except StopIteration:
-                return
-            except UnicodeDecodeError as exc:
-                raise DumpFormatError(path, f"not UTF-8 text: {exc.reason}") from None
-            if not line.endswith("\n"):
-                raise DumpFormatError(path, f"line {number}: truncated record")
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DumpFormatError(path, f"line {number}: malformed JSON: {exc}") from None
-            except RecursionError:
-                raise DumpFormatError(path, f"line {number}: {TOO_DEEP}") from None
-            if not isinstance(entry, dict):
-                raise DumpFormatError(path, f"line {number}: expected a JSON object")
-            yield number, entry
-
-
 def _is_shape(shape: object) -> bool:
     return isinstance(shape, list) and all(type(size) is int and size >= 0 for size in shape)
-
-
-_REQUIRED = {"name": str, "slot": str, "kind": str, "op": str, "step": int}
 
 
 def _record(
@@ -329,9 +213,6 @@ def _record(
     headers: dict[str, _Shard],
     where: str,
 ) -> Record:
-    for key, kind in _REQUIRED.items():
-        if not isinstance(entry.get(key), kind):
-            raise DumpFormatError(where, f"field {key!r} missing or not a {kind.__name__}")
     try:
         stats = None if entry.get("stats") is None else decode_stats(entry["stats"])
         value = decode_value(entry.get("value"))

@@ -20,10 +20,9 @@ import torch
 
 from .._errors import DumpFormatError
 from ..numerics._dtypes import dtype_name
+from ._json_files import MAX_NESTING, TOO_DEEP
 from ._records import Dump, Record
 from ._safe_io import (
-    MAX_NESTING,
-    TOO_DEEP,
     load_npy,
     load_npz_array,
     load_pt,

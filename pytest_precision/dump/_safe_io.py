@@ -26,6 +26,7 @@ import torch
 
 from .._errors import DumpFormatError
 from ..numerics._dtypes import dtype_name
+from ._json_files import TOO_DEEP, first_line
 
 _MAX_NPY_HEADER = 10_000
 
@@ -35,12 +36,6 @@ _NPZ_ERRORS = (
     OSError, ValueError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile, EOFError,
     NotImplementedError,  # zipfile: "compressed patched data"
 )  # fmt: skip
-
-#: How deep the readers follow nested lists / objects of a dump's metadata; real dumps nest a
-#: few levels (an argument list of tuples of tensors), and Python's own stack ends near 1000.
-MAX_NESTING = 100
-TOO_DEEP = f"nested too deeply (more than {MAX_NESTING} levels)"
-
 
 #: safetensors' dtype codes, by the torch dtype name used in records.
 _SAFETENSORS_DTYPES = {
@@ -61,21 +56,6 @@ _SAFETENSORS_DTYPES = {
     "F8_E5M2": "float8_e5m2",
     "C64": "complex64",
 }
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file's content; a missing, unreadable or malformed file is a DumpFormatError."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise DumpFormatError(path, "missing") from None
-    except json.JSONDecodeError as exc:
-        raise DumpFormatError(path, f"malformed JSON: {exc}") from None
-    except RecursionError:
-        raise DumpFormatError(path, TOO_DEEP) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DumpFormatError(path, f"cannot be read: {_first_line(exc)}") from None
 
 
 def load_pt(path: Path) -> Any:
@@ -119,7 +99,7 @@ def torch_load_reason(exc: BaseException) -> str:
             f"{detail}; it is not a plain file of tensors (pickle code is never run). Re-save "
             "it with safetensors or torch.save of tensors only"
         )
-    return _first_line(exc)
+    return first_line(exc)
 
 
 def load_pt_tensor(path: Path) -> torch.Tensor:
@@ -136,7 +116,7 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype[Any]]:
             shape, fortran_order, dtype = _read_npy_header(f)
             data_start = f.tell()
     except (OSError, ValueError, SyntaxError, tokenize.TokenError) as exc:
-        raise DumpFormatError(path, f"not a valid .npy file: {_first_line(exc)}") from None
+        raise DumpFormatError(path, f"not a valid .npy file: {first_line(exc)}") from None
     if dtype.hasobject:
         raise DumpFormatError(path, "holds Python objects (pickle); refused")
     if fortran_order:
@@ -181,7 +161,7 @@ def load_npy(path: Path) -> torch.Tensor:
     try:
         array = np.load(path, mmap_mode="c", allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise DumpFormatError(path, f"cannot be read: {_first_line(exc)}") from None
+        raise DumpFormatError(path, f"cannot be read: {first_line(exc)}") from None
     return array_to_tensor(array, path)
 
 
@@ -199,7 +179,7 @@ def npz_members(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
                     raise DumpFormatError(path, f"array {info.filename!r} holds Python objects")
                 members[info.filename.removesuffix(".npy")] = (tuple(shape), dtype)
     except _NPZ_ERRORS as exc:
-        raise DumpFormatError(path, f"not a valid .npz archive: {_first_line(exc)}") from None
+        raise DumpFormatError(path, f"not a valid .npz archive: {first_line(exc)}") from None
     return members
 
 
@@ -208,7 +188,7 @@ def load_npz_array(path: Path, key: str) -> torch.Tensor:
         with np.load(path, allow_pickle=False) as archive:
             array = archive[key]
     except (*_NPZ_ERRORS, KeyError) as exc:
-        raise DumpFormatError(path, f"array {key!r} cannot be read: {_first_line(exc)}") from None
+        raise DumpFormatError(path, f"array {key!r} cannot be read: {first_line(exc)}") from None
     return array_to_tensor(array, path)
 
 
@@ -222,7 +202,7 @@ def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
                 raise ValueError(f"header length {header_len} exceeds the file size {size}")
             header = json.loads(f.read(header_len))
     except (OSError, struct.error, ValueError) as exc:
-        raise DumpFormatError(path, f"not a valid safetensors file: {_first_line(exc)}") from None
+        raise DumpFormatError(path, f"not a valid safetensors file: {first_line(exc)}") from None
     except RecursionError:
         raise DumpFormatError(path, f"safetensors header {TOO_DEEP}") from None
     if not isinstance(header, Mapping):
@@ -251,7 +231,7 @@ def load_safetensors_tensor(path: Path, key: str) -> torch.Tensor:
     try:
         return _open_safetensors(path).get_tensor(key)
     except Exception as exc:  # safetensors raises its own error type, plus OSError
-        raise DumpFormatError(path, f"tensor {key!r} cannot be read: {_first_line(exc)}") from None
+        raise DumpFormatError(path, f"tensor {key!r} cannot be read: {first_line(exc)}") from None
 
 
 #: Open safetensors files, most recently used last. Opening parses the whole header, so a
@@ -283,8 +263,3 @@ def _open_safetensors(path: Path) -> Any:
         while len(_open_files) > _MAX_OPEN_FILES:
             _open_files.popitem(last=False)
     return handle
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

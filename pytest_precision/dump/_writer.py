@@ -25,19 +25,8 @@ from .._errors import PrecisionError
 from .._version import __version__
 from ..numerics._stats import TensorStats, tensor_stats
 from ..runtime._devices import environment_fingerprint
-from ._native import (
-    FORMAT_NAME,
-    MANIFEST,
-    RANK_DONE,
-    RECORDS,
-    SCHEMA_VERSION,
-    json_members,
-    json_text,
-    numerics_settings,
-    rank_dir,
-    stats_json,
-    write_json_atomic,
-)
+from ._native import json_members, json_text, numerics_settings, stats_json, write_json_atomic
+from ._native_index import FORMAT_NAME, MANIFEST, RANK_DONE, RECORDS, SCHEMA_VERSION, rank_dir
 
 #: A shard is written out once its tensors reach this many bytes.
 SHARD_BYTES = 32 << 20

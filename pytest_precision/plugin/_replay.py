@@ -2,9 +2,11 @@
 
 A test marked ``@pytest.mark.replay(dump, ops=..., devices=None, golden=None)`` that requests
 ``replay_case`` becomes one test per recorded op call matching ``ops`` and per device. This
-module imports no torch itself: only a test carrying the marker loads a dump (and torch).
-Collection reads each dump's index once per session, whatever the number of markers naming it,
-and never a tensor: the cases read their tensors when they run.
+module imports no torch itself. Collection reads each dump's call index once per session,
+whatever the number of markers naming it, and never a tensor: a native dump's index is its JSON
+metadata, read without torch, and ``devices="cpu"`` needs no torch to know the CPU is there, so
+10,000 cases collect about as fast as 10,000 plain parameters. The cases load the dump (and
+torch) when they run.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,7 @@ from .._errors import PrecisionError, PrecisionWarning
 
 if TYPE_CHECKING:
     from ..dump import Dump
+    from ..dump._call_index import CallIndex, IndexedCall
     from ..replay._verdict import ReplayResult
 
 FIXTURE = "replay_case"
@@ -34,27 +37,38 @@ MARKER = (
 
 
 class SessionDumps:
-    """The dumps a session's replay markers and cases read, each loaded (its index: tensors are
-    read only by the cases) once however many markers and cases name it. Keyed by resolved path;
-    a dump replaced on disk since (another modification time) is read again."""
+    """The dumps a session's replay markers and cases read, each read once however many
+    markers and cases name it: markers read a dump's call index, cases the dump itself (records;
+    each case reads its own tensors). Keyed by resolved path; a dump replaced on disk since
+    (another modification time) is read again."""
 
     def __init__(self) -> None:
-        self._loaded: dict[str, tuple[int, Dump]] = {}
+        self._loaded: dict[tuple[str, str], tuple[int, Any]] = {}
 
     def get(self, path: str) -> Dump:
         from ..dump._load import load_dump
 
+        dump: Dump = self._read("dump", path, load_dump)
+        return dump
+
+    def index(self, path: str) -> CallIndex:
+        from ..dump._call_index import call_index
+
+        index: CallIndex = self._read("index", path, call_index)
+        return index
+
+    def _read(self, what: str, path: str, reader: Callable[[str], Any]) -> Any:
         resolved = os.path.realpath(path)
         try:
             mtime = os.stat(resolved).st_mtime_ns
         except OSError:  # missing: the reader says so, naming the path the marker gave
-            return load_dump(path)
-        cached = self._loaded.get(resolved)
+            return reader(path)
+        cached = self._loaded.get((what, resolved))
         if cached is not None and cached[0] == mtime:
             return cached[1]
-        dump = load_dump(path)
-        self._loaded[resolved] = (mtime, dump)
-        return dump
+        value = reader(path)
+        self._loaded[what, resolved] = (mtime, value)
+        return value
 
 
 #: The session's dumps: collection and every case share them (one per process under xdist).
@@ -145,9 +159,9 @@ def _cases(marker: pytest.Mark, folder: Path, dumps: SessionDumps) -> tuple[list
     dump_path = _resolve(folder, options["dump"])
     golden = options["golden"]
     golden_path = None if golden is None else _resolve(folder, golden)
-    calls = _matching(dumps.get(dump_path), _globs(options["ops"]))
+    calls = _matching(dumps.index(dump_path), _globs(options["ops"]))
     if golden_path is not None:
-        dumps.get(golden_path)  # a missing golden is the marker's error, not every case's
+        dumps.index(golden_path)  # a missing golden is the marker's error, not every case's
     devices = [
         (device, None if unavailable is None else (pytest.mark.skip(reason=unavailable),))
         for device, unavailable in _devices(options["devices"])
@@ -191,17 +205,17 @@ def _globs(ops: str | Sequence[str]) -> tuple[str, ...]:
     return globs
 
 
-def _matching(dump: Dump, globs: tuple[str, ...]) -> list[Any]:
-    ops = [c for c in dump.calls if c.kind != "Module"]
+def _matching(index: CallIndex, globs: tuple[str, ...]) -> list[IndexedCall]:
+    ops = [c for c in index.calls if c.kind != "Module"]
     calls = [c for c in ops if any(fnmatch.fnmatchcase(c.name, g) for g in globs)]
     if not calls:
         some = ", ".join(sorted({c.name for c in ops})[:5]) or "none: it holds module calls only"
         raise PrecisionError(
-            f"no op call of {dump.path} matches {' or '.join(globs)} (op calls: {some})"
+            f"no op call of {index.path} matches {' or '.join(globs)} (op calls: {some})"
         )
-    if not any(r.loader is not None for c in calls for r in c.records):
+    if not any(c.has_tensors for c in calls):
         raise PrecisionError(
-            f"{dump.path} holds statistics only; replay needs a dump of tensors "
+            f"{index.path} holds statistics only; replay needs a dump of tensors "
             "(capture mode='tensor', msprobe task 'tensor')"
         )
     return calls
@@ -210,15 +224,18 @@ def _matching(dump: Dump, globs: tuple[str, ...]) -> list[Any]:
 def _devices(devices: str | Sequence[str] | None) -> list[tuple[str, str | None]]:
     """Each device with why it cannot run here (None: it can). Without a list, the available
     backends; a listed unavailable device still gets its cases, which skip with the reason."""
+    if devices is not None:
+        if not isinstance(devices, (str, list, tuple)) or not devices:
+            raise TypeError(
+                f"devices must be a device name or a non-empty list of them, got {devices!r}"
+            )
+        listed = (devices,) if isinstance(devices, str) else tuple(devices)
+        if listed == ("cpu",):  # always there; asking torch would cost collection its import
+            return [("cpu", None)]
     from ..runtime._devices import available_devices, backend_of
 
     if devices is None:
         return [(backend.name, None) for backend in available_devices()]
-    if not isinstance(devices, (str, list, tuple)) or not devices:
-        raise TypeError(
-            f"devices must be a device name or a non-empty list of them, got {devices!r}"
-        )
-    listed = (devices,) if isinstance(devices, str) else tuple(devices)
     out = []
     for device in listed:
         available, reason = backend_of(device).is_available()

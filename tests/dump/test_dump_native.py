@@ -13,12 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_precision import DumpFormatError, tensor_stats
-from pytest_precision.dump._native import (
-    decode_value,
-    encode_value,
-    is_native_dump,
-    read_native_dump,
-)
+from pytest_precision.dump._native import decode_value, encode_value, read_native_dump
+from pytest_precision.dump._native_index import is_native_dump
 from pytest_precision.dump._writer import DumpWriter, summarize
 
 

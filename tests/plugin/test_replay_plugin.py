@@ -42,16 +42,18 @@ def test_context(replay_case):
 """
 
 
-#: Counts, per process, the dump indexes and the tensors read, at the end of collection and of
-#: the session, in ``reads-<worker>-<when>.json``.
+#: Counts, per process, the call indexes (collection), the dumps (cases) and the tensors read,
+#: at the end of collection and of the session, in ``reads-<worker>-<when>.json``.
 COUNTING_CONFTEST = """
 import json
 
+import pytest_precision.dump._call_index as call_index
 import pytest_precision.dump._load as load
 import pytest_precision.dump._native as native
 
-indexes, tensors = [], []
-read_index, read_tensor = load.read_native_dump, native.load_safetensors_tensor
+indexes, dumps, tensors = [], [], []
+read_index, read_dump = call_index._native_index, load.read_native_dump
+read_tensor = native.load_safetensors_tensor
 
 
 def counting_index(path):
@@ -59,19 +61,25 @@ def counting_index(path):
     return read_index(path)
 
 
+def counting_dump(path):
+    dumps.append(path.name)
+    return read_dump(path)
+
+
 def counting_tensor(shard, key):
     tensors.append(key)
     return read_tensor(shard, key)
 
 
-load.read_native_dump = counting_index
+call_index._native_index = counting_index
+load.read_native_dump = counting_dump
 native.load_safetensors_tensor = counting_tensor
 
 
 def _save(config, when):
     # not PYTEST_XDIST_WORKER: this run may itself be inside an xdist worker
     worker = getattr(config, "workerinput", {}).get("workerid", "main")
-    reads = {"indexes": sorted(indexes), "tensors": len(tensors)}
+    reads = {"indexes": sorted(indexes), "dumps": sorted(dumps), "tensors": len(tensors)}
     (config.rootpath / f"reads-{worker}-{when}.json").write_text(json.dumps(reads))
 
 
@@ -134,8 +142,10 @@ def test_the_marker_makes_one_case_per_call_and_device(
         "sub/test_cases.py::test_context[Functional.softmax.0.forward-cpu]",
         "sub/test_cases.py::test_context[Functional.softmax.1.forward-cpu]",
     ]
-    # three markers, two dumps: each index read once, and no tensor (cases read them when run)
-    assert reads(project, "collection") == {"main": {"indexes": ["clean", "context"], "tensors": 0}}
+    # three markers, two dumps: each index read once, no dump and no tensor (the cases read them)
+    assert reads(project, "collection") == {
+        "main": {"indexes": ["clean", "context"], "dumps": [], "tensors": 0}
+    }
 
 
 @pytest.mark.parametrize("args", [[], ["-n", "2"]], ids=["serial", "xdist"])
@@ -155,13 +165,19 @@ def test_cases_run_skip_and_warn(project: pytest.Pytester, args: list[str]) -> N
             "context",
         ]
     )
-    # every process read each index once, at collection; the cases reused it for their tensors
+    # every process read each index once, at collection, and each dump its cases ran on once
     workers = ["gw0", "gw1"] if args else ["main"]
     at_collection, at_end = reads(project, "collection"), reads(project, "session")
     assert sorted(at_collection) == workers  # xdist's controller collects nothing
     for worker in workers:
-        assert at_collection[worker] == {"indexes": ["clean", "context"], "tensors": 0}
+        assert at_collection[worker] == {
+            "indexes": ["clean", "context"],
+            "dumps": [],
+            "tensors": 0,
+        }
         assert at_end[worker]["indexes"] == ["clean", "context"]
+        assert len(set(at_end[worker]["dumps"])) == len(at_end[worker]["dumps"])
+    assert {d for read in at_end.values() for d in read["dumps"]} == {"clean", "context"}
     assert sum(read["tensors"] for read in at_end.values()) > 0  # the count counts
 
 
@@ -178,6 +194,32 @@ def test_a_session_reads_a_dump_once_until_it_is_replaced(tmp_path: Path, captur
     second = dumps.get(str(dump))
     assert second is not first
     assert dumps.get(str(dump)) is second
+
+
+def test_the_session_indexes_a_dump_once_apart_from_reading_it(captures: Path) -> None:
+    dumps = SessionDumps()
+    index = dumps.index(str(captures / "clean"))
+    assert dumps.index(str(captures / "." / "clean")) is index
+    dump = dumps.get(str(captures / "clean"))
+    assert [(c.name, c.step, c.rank) for c in index.calls] == [
+        (c.name, c.step, c.rank) for c in dump.calls
+    ]
+
+
+def test_collecting_cpu_cases_of_a_native_dump_imports_no_torch(
+    pytester: pytest.Pytester, captures: Path
+) -> None:
+    shutil.copytree(captures / "clean", pytester.path / "dump")
+    pytester.makeconftest(
+        "import sys\n\n\ndef pytest_collection_finish(session):\n"
+        "    print('torch imported:', 'torch' in sys.modules)\n"
+    )
+    pytester.makepyfile(
+        '@__import__("pytest").mark.replay("dump", ops="Functional.silu.*", devices="cpu")\n'
+        "def test_it(replay_case):\n    replay_case.check()\n"
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q", "-s")
+    result.stdout.fnmatch_lines(["torch imported: False", "2 tests collected*"])
 
 
 BAD_MARKERS = {

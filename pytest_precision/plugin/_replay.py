@@ -58,17 +58,23 @@ class SessionDumps:
         return index
 
     def _read(self, what: str, path: str, reader: Callable[[str], Any]) -> Any:
+        """``reader(path)``, or what it gave (or raised: a damaged dump fails each of its
+        10,000 cases at once, not after reading it 10,000 times) for this version of the dump."""
         resolved = os.path.realpath(path)
         try:
             mtime = os.stat(resolved).st_mtime_ns
         except OSError:  # missing: the reader says so, naming the path the marker gave
             return reader(path)
         cached = self._loaded.get((what, resolved))
-        if cached is not None and cached[0] == mtime:
-            return cached[1]
-        value = reader(path)
-        self._loaded[what, resolved] = (mtime, value)
-        return value
+        if cached is None or cached[0] != mtime:
+            try:
+                cached = (mtime, reader(path))
+            except PrecisionError as exc:
+                cached = (mtime, exc)
+            self._loaded[what, resolved] = cached
+        if isinstance(cached[1], PrecisionError):
+            raise cached[1].with_traceback(None)
+        return cached[1]
 
 
 #: The session's dumps: collection and every case share them (one per process under xdist).
@@ -101,10 +107,14 @@ class ReplayCase:
         from ..replay._verdict import replay_op
         from ..rerun._ops import NotReplayable
 
-        golden = None if self.golden is None else self.dumps.get(self.golden)
+        try:  # collection checked the index; a damaged record or shard shows only now
+            dump = self.dumps.get(self.dump)
+            golden = None if self.golden is None else self.dumps.get(self.golden)
+        except PrecisionError as exc:
+            pytest.fail(f"cannot replay {self.name}: {exc}", pytrace=False)
         try:
             return replay_op(
-                self.dumps.get(self.dump),
+                dump,
                 self.name,
                 self.device,
                 golden=golden,

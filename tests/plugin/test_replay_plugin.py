@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from replay_helpers import BrokenOp, capture_llama
 
-from pytest_precision import load_dump
+from pytest_precision import DumpFormatError, load_dump
 from pytest_precision.cli import main
 from pytest_precision.plugin._replay import SessionDumps
 from pytest_precision.runtime._devices import available_devices
@@ -206,6 +206,23 @@ def test_the_session_indexes_a_dump_once_apart_from_reading_it(captures: Path) -
     ]
 
 
+def test_the_session_reads_a_damaged_dump_once(
+    tmp_path: Path, captures: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_precision.dump import _load
+
+    dump = tmp_path / "dump"
+    shutil.copytree(captures / "clean", dump)
+    (dump / "rank0" / "rank.json").unlink()
+    calls, read = [], _load.load_dump
+    monkeypatch.setattr(_load, "load_dump", lambda path: calls.append(path) or read(path))
+    dumps = SessionDumps()
+    for _ in range(3):
+        with pytest.raises(DumpFormatError, match="rank 0 never finalized"):
+            dumps.get(str(dump))
+    assert len(calls) == 1
+
+
 def test_collecting_cpu_cases_of_a_native_dump_imports_no_torch(
     pytester: pytest.Pytester, captures: Path
 ) -> None:
@@ -220,6 +237,28 @@ def test_collecting_cpu_cases_of_a_native_dump_imports_no_torch(
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q", "-s")
     result.stdout.fnmatch_lines(["torch imported: False", "2 tests collected*"])
+
+
+def test_a_dump_damaged_past_its_index_fails_its_cases_in_one_line(
+    pytester: pytest.Pytester, captures: Path
+) -> None:
+    dump = pytester.path / "dump"
+    shutil.copytree(captures / "clean", dump)
+    records = dump / "rank0" / "records.jsonl"
+    lines = records.read_text().splitlines(keepends=True)
+    damaged = next(i for i, line in enumerate(lines) if '"dtype":"float32"' in line)
+    lines[damaged] = lines[damaged].replace('"dtype":"float32"', '"dtype":"float99"', 1)
+    records.write_text("".join(lines))
+    pytester.makepyfile(
+        '@__import__("pytest").mark.replay("dump", ops="Functional.silu.*", devices="cpu")\n'
+        "def test_it(replay_case):\n    replay_case.check()\n"
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)  # collected from the index; each case says what is wrong
+    result.stdout.fnmatch_lines(
+        ["*cannot replay Functional.silu.0.forward: *records.jsonl:*: unknown dtype 'float99'"]
+    )
+    assert "Traceback" not in result.stdout.str()
 
 
 BAD_MARKERS = {

@@ -141,13 +141,8 @@ def open_golden_source(path: str | os.PathLike[str]) -> GoldenSource:
     path = Path(path)
     if is_golden_dir(path):
         return GoldenDirectory(path)
-    try:
-        from ..dump import load_dump
-    except ImportError:
-        raise PrecisionError(
-            f"{path} is not a golden directory (it has files but no {MARKER}) and this "
-            "pytest-precision cannot read dumps"
-        ) from None
+    from ..dump import load_dump
+
     try:
         dump = load_dump(path)
     except DumpFormatError as exc:

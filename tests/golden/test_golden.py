@@ -383,15 +383,6 @@ def test_dump_environment_differences_are_listed(dump_dir: Path) -> None:
         Golden(dump_dir, TEST_ID)(torch.zeros(3), "Functional.matmul.0.forward")
 
 
-def test_unmarked_folder_without_dump_reader_is_a_clear_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "data.bin").write_bytes(b"x")
-    monkeypatch.delattr(pytest_precision.dump, "load_dump", raising=False)
-    with pytest.raises(PrecisionError, match="cannot read dumps"):
-        Golden(tmp_path, TEST_ID)
-
-
 def test_unmarked_folder_that_is_no_dump_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,7 @@ the option is given.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import threading
 from collections.abc import Generator
@@ -108,6 +109,9 @@ class ComparePlugin:
         session.testscollected = len(session.items)
         return True
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        _freeze_heap()
+
     # --- running (serial run or xdist worker) -------------------------------------------------
 
     @pytest.hookimpl(wrapper=True)
@@ -183,6 +187,14 @@ class ComparePlugin:
             f"(measured while judging: {self.config.stash[_JUDGE_MEASURED_KEY]})"
         )
 
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        # Let the comparison go by reference counts, then give the collector back what
+        # _freeze_heap took (a pytester run in the same process keeps its collector).
+        for key in (_COMPARISON_KEY, _RECEIVED_KEY, _RESULT_KEY):
+            if key in config.stash:
+                del config.stash[key]
+        gc.unfreeze()
+
 
 class _Shards(pytest.Collector):
     """The comparison's shards, from the dumps' index (no tensor is read)."""
@@ -254,6 +266,15 @@ def _prepare(config: pytest.Config) -> None:
     workers report too) is raised again when the judgement needs the comparison."""
     with contextlib.suppress(Exception):
         _comparison(config).aligned.matched  # noqa: B018 (computed and kept)
+        _freeze_heap()
+
+
+def _freeze_heap() -> None:
+    """Move every object made so far out of the garbage collector's reach: the dumps' index
+    (every record of both dumps) lives to the end of the session, and each full collection
+    would walk it for nothing (on 1,152 shards of 10,624 records, a fifth of the run and a
+    second at exit). Cycles made later are still collected; ``pytest_unconfigure`` undoes it."""
+    gc.freeze()
 
 
 def _nodeid(shard: Shard) -> str:

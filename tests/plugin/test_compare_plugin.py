@@ -5,6 +5,7 @@ worker reads only its shards' tensors. On simulated tensor-parallel dumps (``tp_
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from tp_dumps import Bug, shard_data, write_tp_dump
 
 from pytest_precision import ShardedComparison, compare_dumps
+from pytest_precision.plugin import _compare
 
 PLANTED = "precision-compare::step1-rank1-layers.1"
 
@@ -98,6 +100,23 @@ def test_a_comparison_that_is_incomplete_fails_with_every_shard_passing(
     result.assert_outcomes(passed=4)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["incomplete: step 1 rank 0 is only in the target*"])
+
+
+def test_the_session_gives_the_garbage_collector_back_what_it_froze(
+    pytester: pytest.Pytester, tp: tuple[Path, Path]
+) -> None:
+    """The index is frozen out of the collector's reach for the session, not for this
+    process (the run below is in-process): nothing stays frozen, the comparison is let go."""
+    golden, target = tp
+    pytester.makeconftest(
+        "import gc\n\n\ndef pytest_runtestloop(session):\n"
+        "    session.config._frozen_while_running = gc.get_freeze_count()\n"
+    )
+    recorder = pytester.inline_run("--precision-compare", str(golden), str(target))
+    config = recorder.getcalls("pytest_unconfigure")[0].config
+    assert config._frozen_while_running > 0
+    assert gc.get_freeze_count() == 0
+    assert _compare._COMPARISON_KEY not in config.stash
 
 
 def test_a_partial_run_is_not_judged(pytester: pytest.Pytester, tp: tuple[Path, Path]) -> None:

@@ -2,8 +2,10 @@
 
 Collecting ``replay`` cases needs the op calls of a dump and nothing else; importing torch and
 building every record (statistics, loaders, safetensors headers) would cost collection seconds
-for 10,000 cases. Native dumps are indexed from their JSON metadata alone (checked as the full
-reader checks it); other layouts go through :func:`~._load.load_dump`.
+for 10,000 cases. Native dumps are indexed from their JSON metadata alone: the manifest,
+``rank.json``, the shards' sizes and every record line's required fields are checked as the full
+reader checks them, dtypes, shapes and data locations when the dump is read in full. Other
+layouts go through :func:`~._load.load_dump`.
 """
 
 from __future__ import annotations

@@ -68,8 +68,8 @@ def _float_of(typingctx: Any, x: Any) -> Any:
 
 @intrinsic
 def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
-    """Ask the CPU to bring the cache line holding ``array[index]`` closer (no load, no fault:
-    a hint, even past the end)."""
+    """Ask the CPU to bring the cache line holding ``array[index]`` closer: a hint, which
+    loads nothing into a register and never faults."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
@@ -292,8 +292,8 @@ def _stats_chunk(x, bits, sign_mask, block, acc, state, block_sums):
 
     Integer keys keep the min / max exact and let them vectorize, which float min / max
     (with their NaN rules) do not. The next block is prefetched while one is summed: the loop
-    does enough work per element that the memory would otherwise wait for it (measured: a
-    third faster on data not in cache; the sums are unchanged, the hint reads nothing)."""
+    does enough work per element that the memory would otherwise wait for it (measured: 15 -
+    30 % faster on data not in cache; the sums are unchanged, the hint changes no value)."""
     n = x.size
     line = max(64 // x.itemsize, 1)
     for lo in range(0, n, block):

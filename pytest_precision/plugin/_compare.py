@@ -272,8 +272,8 @@ def _prepare(config: pytest.Config) -> None:
 def _freeze_heap() -> None:
     """Move every object made so far out of the garbage collector's reach: the dumps' index
     (every record of both dumps) lives to the end of the session, and each full collection
-    would walk it for nothing (on 1,152 shards of 10,624 records, a fifth of the run and a
-    second at exit). Cycles made later are still collected; ``pytest_unconfigure`` undoes it."""
+    would walk it for nothing (1,152 shards of 10,624 records: 0.4 s of a 6.4 s run loop, and
+    0.5 s at exit). Cycles made later are still collected; ``pytest_unconfigure`` undoes it."""
     gc.freeze()
 
 

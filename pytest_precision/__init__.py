@@ -7,9 +7,9 @@ in every run) does not import torch.
 
 from __future__ import annotations
 
-import importlib
 import typing
 
+from . import _lazy
 from ._version import __version__
 
 if typing.TYPE_CHECKING:
@@ -236,13 +236,7 @@ _MODULES = {
 _MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
 
 
-def __getattr__(name: str) -> typing.Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = _lazy.lazy_getattr(globals(), _MODULE_OF)
 
 
 def __dir__() -> list[str]:

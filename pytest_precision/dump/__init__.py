@@ -6,8 +6,9 @@ importing torch (see ``_call_index``), which importing the capture and readers h
 
 from __future__ import annotations
 
-import importlib
 import typing
+
+from .._lazy import lazy_getattr
 
 if typing.TYPE_CHECKING:
     from ._capture import Capture, capture
@@ -25,10 +26,4 @@ _MODULE_OF = {
 }
 
 
-def __getattr__(name: str) -> typing.Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(globals(), _MODULE_OF)

@@ -57,19 +57,17 @@ def call_index(path: str | os.PathLike[str]) -> CallIndex:
 
 
 def _native_index(root: Path) -> CallIndex:
-    # (rank, step, name) -> [kind, has_tensors], in the order each call's first record came
-    found: dict[tuple[int, int, str], list[object]] = {}
+    # (rank, step, name) -> kind, in the order each call's first record came
+    kinds: dict[tuple[int, int, str], str] = {}
+    stored: set[tuple[int, int, str]] = set()
     for rank in read_manifest(root)["ranks"]:
         for _, entry in read_rank(root, rank)[1]:
             key = (rank, entry["step"], entry["name"])
-            known = found.get(key)
-            stored = entry.get("data") is not None
-            if known is None:
-                found[key] = [entry["kind"], stored]
-            elif stored:
-                known[1] = True
+            kinds.setdefault(key, entry["kind"])
+            if entry.get("data") is not None:
+                stored.add(key)
     calls = (
-        IndexedCall(name, str(kind), step, rank, bool(stored))
-        for (rank, step, name), (kind, stored) in found.items()
+        IndexedCall(name, kind, step, rank, (rank, step, name) in stored)
+        for (rank, step, name), kind in kinds.items()
     )
     return CallIndex(root, tuple(calls))

@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 
 from .._errors import PrecisionInputError
+from .._gc import paused_gc
 from ..dump._load import as_dump
 from ..dump._records import Call, Dump
 from ..numerics._comparison import resolve_standard
@@ -74,15 +75,18 @@ class AlignedDumps:
     @cached_property
     def segments(self) -> dict[tuple[int, int], Segment]:
         """Each (step, rank)'s aligned walk, in step then rank order (see :func:`align`)."""
-        named = {(c.step, c.rank, c.name): c for c in self.golden.calls}
-        by_name = RunPrecision.learn(
-            (named[key], c) for c in self.target.calls if (key := (c.step, c.rank, c.name)) in named
-        )
-        return align(
-            self.golden.calls,
-            self.target.calls,
-            with_dtypes=by_name.golden is not None and not by_name.crosses,
-        )
+        with paused_gc():  # the calls (grouped on first use) and their alignment
+            named = {(c.step, c.rank, c.name): c for c in self.golden.calls}
+            by_name = RunPrecision.learn(
+                (named[key], c)
+                for c in self.target.calls
+                if (key := (c.step, c.rank, c.name)) in named
+            )
+            return align(
+                self.golden.calls,
+                self.target.calls,
+                with_dtypes=by_name.golden is not None and not by_name.crosses,
+            )
 
     @cached_property
     def matched(self) -> list[tuple[Call, Call]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import DumpFormatError
+from .._gc import paused_gc
 from ._native_index import is_native_dump, read_manifest, read_rank
 
 
@@ -43,7 +44,8 @@ def call_index(path: str | os.PathLike[str]) -> CallIndex:
     root = Path(path)
     if root.is_dir() and is_native_dump(root):
         try:
-            return _native_index(root)
+            with paused_gc():
+                return _native_index(root)
         except OSError as exc:
             raise DumpFormatError(exc.filename or root, exc.strerror or str(exc)) from None
     from ._load import load_dump  # imports torch: other layouts are read in full

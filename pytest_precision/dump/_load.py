@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from .._errors import DumpFormatError, PrecisionInputError
+from .._gc import paused_gc
 from ._atb import is_atb_dump, read_atb_dump
 from ._json_files import TOO_DEEP
 from ._mindspore import is_mindspore_dump, read_mindspore_dump
@@ -24,7 +25,8 @@ def load_dump(path: str | os.PathLike[str]) -> Dump:
     """
     path = Path(path)
     try:
-        return _dispatch(path)
+        with paused_gc():
+            return _dispatch(path)
     except OSError as exc:
         raise DumpFormatError(exc.filename or path, exc.strerror or str(exc)) from None
     except RecursionError:  # a safety net: every reader bounds its nesting itself

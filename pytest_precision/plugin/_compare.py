@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .._errors import PrecisionError
+from .._gc import paused_gc
 
 if TYPE_CHECKING:
     from ..compare._shards import Shard, ShardedComparison
@@ -133,6 +134,7 @@ class ComparePlugin:
         if payload is not None:
             self.config.stash.setdefault(_RECEIVED_KEY, {})[report.nodeid] = payload
 
+    @pytest.hookimpl(tryfirst=True)  # xdist's controller: judge while its workers exit
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if (
             self.worker
@@ -188,6 +190,10 @@ class ComparePlugin:
         )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.worker:
+            # An xdist worker's process ends next: what _freeze_heap took stays out of the
+            # collector's last pass at the interpreter's exit (0.3 s of 1,152 shards)
+            return
         # Let the comparison go by reference counts, then give the collector back what
         # _freeze_heap took (a pytester run in the same process keeps its collector).
         for key in (_COMPARISON_KEY, _RECEIVED_KEY, _RESULT_KEY):
@@ -251,13 +257,17 @@ def dumps_to_compare(config: pytest.Config) -> tuple[str, str] | None:
 def _comparison(config: pytest.Config) -> ShardedComparison:
     """The comparison of this process: its dumps' index is read once per process."""
     if _COMPARISON_KEY not in config.stash:
-        from ..compare._shards import ShardedComparison
-
         dumps = dumps_to_compare(config)
         assert dumps is not None, "the plugin is registered only with dumps to compare"
         golden, target = dumps
         standard = config.getoption("precision_compare_standard")
-        config.stash[_COMPARISON_KEY] = ShardedComparison(golden, target, standard=standard)
+        with paused_gc():  # torch's import, the index and its alignment: long-lived objects
+            from ..compare._shards import ShardedComparison
+
+            comparison = ShardedComparison(golden, target, standard=standard)
+            comparison.aligned.matched  # noqa: B018 (computed and kept)
+        _freeze_heap()
+        config.stash[_COMPARISON_KEY] = comparison
     return config.stash[_COMPARISON_KEY]
 
 
@@ -265,15 +275,15 @@ def _prepare(config: pytest.Config) -> None:
     """Read the index and align, ahead of the judgement; a failure (a bad dump, which the
     workers report too) is raised again when the judgement needs the comparison."""
     with contextlib.suppress(Exception):
-        _comparison(config).aligned.matched  # noqa: B018 (computed and kept)
-        _freeze_heap()
+        _comparison(config)
 
 
 def _freeze_heap() -> None:
     """Move every object made so far out of the garbage collector's reach: the dumps' index
     (every record of both dumps) lives to the end of the session, and each full collection
     would walk it for nothing (1,152 shards of 10,624 records: 0.4 s of a 6.4 s run loop, and
-    0.5 s at exit). Cycles made later are still collected; ``pytest_unconfigure`` undoes it."""
+    0.5 s at exit). Cycles made later are still collected; ``pytest_unconfigure`` undoes it,
+    except in an xdist worker, whose process ends right after."""
     gc.freeze()
 
 

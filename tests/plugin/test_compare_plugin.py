@@ -185,3 +185,51 @@ def test_remote_workers_elsewhere_give_the_same_report(
     result.stdout.fnmatch_lines([f"first divergence in shard {PLANTED}"])
     written = json.loads((pytester.path / "c.json").read_text())
     assert written == _expected(golden, target, pytester.path / "expected.json")
+
+
+#: A plugin (``-p exitlog``) that logs, in xdist's controller, whether the comparison was
+#: judged when the controller started waiting for its workers to exit, and in each worker how
+#: many objects the collector had frozen when the worker's session ended.
+EXIT_LOG = """
+import gc, os
+import pytest
+from xdist import workermanage
+from pytest_precision.plugin import _compare
+
+teardown_nodes = workermanage.NodeManager.teardown_nodes
+
+
+def logged_teardown(self):
+    judged = _compare._RESULT_KEY in self.config.stash
+    with open(os.path.join({log!r}, "controller"), "w") as f:
+        f.write(f"judged before waiting for the workers: {{judged}}")
+    return teardown_nodes(self)
+
+
+workermanage.NodeManager.teardown_nodes = logged_teardown
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if hasattr(config, "workerinput"):
+        with open(os.path.join({log!r}, config.workerinput["workerid"]), "w") as f:
+            f.write(f"frozen at exit: {{gc.get_freeze_count()}}")
+"""
+
+
+@pytest.mark.slow
+def test_the_controller_judges_while_its_workers_exit(
+    pytester: pytest.Pytester, tp: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The judgement does not wait for the workers' processes to end; a worker leaves the
+    index frozen (its process ends next: the collector's last pass skips it)."""
+    golden, target = tp
+    pytester.makepyfile(exitlog=EXIT_LOG.format(log=str(tmp_path)))
+    result = pytester.runpytest_subprocess(
+        "-p", "exitlog", "-n", "1", "--precision-compare", str(golden), str(target)
+    )  # fmt: skip
+    result.assert_outcomes(passed=11, failed=1)
+    controller = (tmp_path / "controller").read_text()
+    assert controller == "judged before waiting for the workers: True"
+    frozen = int((tmp_path / "gw0").read_text().removeprefix("frozen at exit: "))
+    assert frozen > 10_000  # every record of both dumps, among others

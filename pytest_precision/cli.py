@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
 from ._errors import PrecisionError
+from ._gc import paused_gc
 from ._version import __version__
 
 
@@ -62,26 +62,20 @@ def _add_compare(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     compare.set_defaults(handler=_compare)
 
 
-def _import_frozen(module: str) -> None:
-    """Import ``module`` with the garbage collector off, then move every object made so far
-    (torch alone makes some 170,000) out of its reach: each later full collection would walk
-    them all, for nothing (0.6 s of 3 s CPU comparing a 500-tensor msprobe dump). The caller
-    unfreezes them when done, so that an in-process caller (a test) gets its collector back."""
-    gc.disable()
-    try:
-        importlib.import_module(module)
-    finally:
-        gc.freeze()
-        gc.enable()
-
-
 def _compare(args: argparse.Namespace) -> int:
-    _import_frozen("pytest_precision.compare._dumps")
-    try:
+    # Torch's import (some 170,000 objects) and both dumps' index are made with the collector
+    # paused, then moved out of its reach: each later full collection would walk them all for
+    # nothing (0.6 s of 3 s CPU comparing a 500-tensor msprobe dump). Given back at the end,
+    # so that an in-process caller (a test) gets its collector back.
+    with paused_gc():
         from .compare._dumps import compare_dumps
+        from .dump._load import load_dump
 
+        golden, target = load_dump(args.golden), load_dump(args.target)
+    gc.freeze()
+    try:
         progress = _progress_line("comparing calls") if sys.stderr.isatty() else None
-        result = compare_dumps(args.golden, args.target, standard=args.standard, progress=progress)
+        result = compare_dumps(golden, target, standard=args.standard, progress=progress)
         if progress is not None:
             print(file=sys.stderr)
         print(result.report(worst=args.worst))

@@ -1,4 +1,4 @@
-"""Helpers shared by the dump reader tests."""
+"""Helpers shared by the dump tests: bitwise checks, pickle payloads, the tiny Llama captured."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ from pathlib import Path
 
 import torch
 
+from examples.tiny_llama import TinyLlamaConfig
+
 REPO = Path(__file__).resolve().parent.parent
 MSPROBE_FIXTURES = REPO / "fixtures" / "msprobe"
+#: The tiny Llama the capture tests record: two layers keep their dumps small.
+CONFIG = TinyLlamaConfig(num_layers=2)
 
 
 def assert_bitwise_equal(actual: torch.Tensor | None, expected: torch.Tensor) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from dump_helpers import MSPROBE_FIXTURES
 
+from pytest_precision import Dump, DumpComparison
 from pytest_precision.cli import main
 
 GOLDEN = str(MSPROBE_FIXTURES / "tp_golden_tensor")
@@ -49,3 +51,27 @@ def test_an_in_process_call_leaves_the_collector_as_it_was(
     assert "first divergence: " in capsys.readouterr().out
     assert gc.isenabled()
     assert gc.get_freeze_count() == 0
+
+
+def test_both_dumps_are_read_before_the_comparison_and_kept_from_the_collector(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Later full collections skip the index (frozen once read); a dump that cannot be read
+    leaves nothing frozen."""
+    from pytest_precision.compare import _dumps
+
+    seen: list[tuple[int, int]] = []
+    compare_dumps = _dumps.compare_dumps
+
+    def spy(golden: Dump, target: Dump, **options: Any) -> DumpComparison:
+        seen.append((gc.get_freeze_count(), len(golden.records) + len(target.records)))
+        return compare_dumps(golden, target, **options)
+
+    monkeypatch.setattr(_dumps, "compare_dumps", spy)
+    assert main(["compare", GOLDEN, TARGET]) == 1
+    [(frozen, records)] = seen
+    assert frozen > records > 0
+    assert main(["compare", GOLDEN, "nowhere"]) == 2
+    assert "nowhere: no such file or directory" in capsys.readouterr().err
+    assert gc.get_freeze_count() == 0
+    assert gc.isenabled()

@@ -14,8 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._errors import DumpFormatError
-from .._gc import paused_gc
+from ._json_files import reading_dump
 from ._native_index import is_native_dump, read_manifest, read_rank
 
 
@@ -43,11 +42,8 @@ def call_index(path: str | os.PathLike[str]) -> CallIndex:
     """The calls of the dump at ``path``; a malformed dump raises :class:`DumpFormatError`."""
     root = Path(path)
     if root.is_dir() and is_native_dump(root):
-        try:
-            with paused_gc():
-                return _native_index(root)
-        except OSError as exc:
-            raise DumpFormatError(exc.filename or root, exc.strerror or str(exc)) from None
+        with reading_dump(root):
+            return _native_index(root)
     from ._load import load_dump  # imports torch: other layouts are read in full
 
     dump = load_dump(root)

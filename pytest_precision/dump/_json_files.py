@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .._errors import DumpFormatError
+from .._gc import paused_gc
 
 #: How deep the readers follow nested lists / objects of a dump's metadata; real dumps nest a
 #: few levels (an argument list of tuples of tensors), and Python's own stack ends near 1000.
 MAX_NESTING = 100
 TOO_DEEP = f"nested too deeply (more than {MAX_NESTING} levels)"
+
+
+@contextmanager
+def reading_dump(path: Path) -> Iterator[None]:
+    """Read the dump at ``path`` (its index: many long-lived objects) with the collector
+    paused; an OS error is a DumpFormatError naming the file it hit, and so is nesting deeper
+    than Python's stack, a safety net: every reader bounds its nesting itself."""
+    try:
+        with paused_gc():
+            yield
+    except OSError as exc:
+        raise DumpFormatError(exc.filename or path, exc.strerror or str(exc)) from None
+    except RecursionError:
+        raise DumpFormatError(path, TOO_DEEP) from None
 
 
 def read_json(path: Path) -> Any:

@@ -6,9 +6,8 @@ import os
 from pathlib import Path
 
 from .._errors import DumpFormatError, PrecisionInputError
-from .._gc import paused_gc
 from ._atb import is_atb_dump, read_atb_dump
-from ._json_files import TOO_DEEP
+from ._json_files import reading_dump
 from ._mindspore import is_mindspore_dump, read_mindspore_dump
 from ._msprobe import is_msprobe_dump, read_msprobe_dump
 from ._native import read_native_dump
@@ -24,13 +23,8 @@ def load_dump(path: str | os.PathLike[str]) -> Dump:
     ``Record.load()``. Any malformed, incomplete or unsafe input raises :class:`DumpFormatError`.
     """
     path = Path(path)
-    try:
-        with paused_gc():
-            return _dispatch(path)
-    except OSError as exc:
-        raise DumpFormatError(exc.filename or path, exc.strerror or str(exc)) from None
-    except RecursionError:  # a safety net: every reader bounds its nesting itself
-        raise DumpFormatError(path, TOO_DEEP) from None
+    with reading_dump(path):
+        return _dispatch(path)
 
 
 def _dispatch(path: Path) -> Dump:

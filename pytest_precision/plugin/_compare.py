@@ -191,8 +191,9 @@ class ComparePlugin:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self.worker:
-            # An xdist worker's process ends next: what _freeze_heap took stays out of the
-            # collector's last pass at the interpreter's exit (0.3 s of 1,152 shards)
+            # An xdist worker's process ends next: what _freeze_heap took, and what measuring
+            # made since, stay out of the collector's last pass at the interpreter's exit
+            _freeze_heap()
             return
         # Let the comparison go by reference counts, then give the collector back what
         # _freeze_heap took (a pytester run in the same process keeps its collector).

@@ -13,8 +13,9 @@ def paused_gc() -> Iterator[None]:
 
     Each full collection the allocations trigger walks the whole heap, torch's included, and
     finds nothing to free: reading and aligning two dumps of 10,624 records took 0.8 s with
-    the collector, 0.5 s without. It is resumed on the way out only if it was running on the
-    way in (by this thread's call), so nested or concurrent pauses leave it as they found it.
+    the collector, 0.5 s without. The collector is turned back on at the end only if it was on
+    at the start, so nested pauses, and a caller who turned it off, find it as they left it;
+    a pause in another thread that ends first resumes it early, which costs time, not results.
     """
     running = gc.isenabled()
     gc.disable()

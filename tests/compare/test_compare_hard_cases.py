@@ -1,5 +1,5 @@
-"""compare_dumps on hard cases: equivalent rewrites are noise, lost
-residuals, dtype slips and off weights are blamed, incomplete comparisons never pass."""
+"""compare_dumps on hard cases: equivalent rewrites are noise, lost residuals, dtype slips and
+off weights are blamed, incomplete comparisons never pass."""
 
 from __future__ import annotations
 

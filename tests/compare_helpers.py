@@ -1,15 +1,16 @@
-"""Helpers shared by the compare_dumps tests: the float32 tiny Llama, its injected bugs, and
-a capture of it per mode and level."""
+"""Helpers shared by the compare_dumps tests: the float32 tiny Llama, its injected bugs, a
+capture of it per mode and level, and a comparison judged in shards."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from examples.tiny_llama import TinyLlamaConfig, build_tiny_llama, example_input_ids
-from pytest_precision import capture
+from pytest_precision import Divergence, Dump, DumpComparison, ShardedComparison, capture
 
 CONFIG = TinyLlamaConfig()
 IDS = example_input_ids(CONFIG, seq=8)
@@ -42,3 +43,14 @@ VARIANTS: dict[str, Callable[[], torch.nn.Module]] = {
     "weight": _corrupt_weight,
     "scale": _scale_bug_in_layer_1,
 }
+
+
+def judged_in_shards(
+    golden: Dump | str | os.PathLike[str], target: Dump | str | os.PathLike[str]
+) -> tuple[DumpComparison, list[Divergence]]:
+    """The comparison as ``--precision-compare`` makes it: every shard measured, then all
+    judged together (``compare_dumps``' report, measured once); with the calls whose own
+    records convict them, which fail their shard's test."""
+    sharded = ShardedComparison(golden, target)
+    culprits = [d for shard in sharded.shards for d in sharded.measure(shard).culprits]
+    return sharded.result(), culprits

@@ -12,7 +12,7 @@ compared with an fp32 one. The rules and their causes: ``docs/compare.md``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -164,7 +164,9 @@ class GuiltJudge:
         for r in compared:
             if r.slot.startswith("parameters"):
                 if r.failed:
-                    return divergence(target, golden, "source", self._source_reason(r, None), r)
+                    return divergence(
+                        target, golden, "source", source_reason(self.provenance, r, None), r
+                    )
                 self.provenance.remember_parameter(target.rank, r)
         inputs = [r for r in compared if is_input(r.slot)]
         found = self._judge_inputs(golden, target, inputs)
@@ -221,14 +223,9 @@ class GuiltJudge:
     ) -> Divergence | None:
         """An input that differs: from nowhere (a source), from code only the target runs
         (judged at its module's output), or from another call than in the golden (wiring)."""
-        records = {r.slot: r for r in target.records}
-        golden_records = {r.slot: r for r in golden.records}
-        for r in inputs:
-            record = records.get(r.slot)
-            if not r.failed or record is None:
-                continue
+        for r, record, golden_record in failing_inputs(golden, target, inputs):
             producers = self.provenance.producers(target.rank, record)
-            expected = self.provenance.golden_producers(golden.rank, golden_records.get(r.slot))
+            expected = self.provenance.golden_producers(golden.rank, golden_record)
             stranger = (
                 self.provenance.unmatched_producer(target.rank, record) if not producers else None
             )
@@ -246,7 +243,9 @@ class GuiltJudge:
                     )
                     self.inputs_diverged = divergence(target, golden, "source", reason, r)
                     return None
-                return divergence(target, golden, "source", self._source_reason(r, record), r)
+                return divergence(
+                    target, golden, "source", source_reason(self.provenance, r, record), r
+                )
             if (
                 producers
                 and expected
@@ -315,19 +314,34 @@ class GuiltJudge:
             and any(step < target.step for step in self.failing_steps)
         )
 
-    def _source_reason(self, r: RecordComparison, record: Record | None) -> str:
-        if record is None:  # a module's own parameter
-            what = f"parameter {join(r.module, r.slot.removeprefix('parameters.'))}"
-        elif not record.is_tensor:
-            what = f"argument {r.slot}"
-        else:
-            owner = self.provenance.parameter_name(record.rank, record)
-            what = f"{r.slot} (parameter {owner})" if owner else f"input {r.slot}"
-        return (
-            f"{what} differs from the golden and no recorded call produced it "
-            f"(a weight, buffer, constant or model input, or the output of a call the capture "
-            f"left out): {r.reason}"
-        )
+
+def failing_inputs(
+    golden: Call, target: Call, inputs: list[RecordComparison]
+) -> Iterator[tuple[RecordComparison, Record, Record | None]]:
+    """The inputs that fail, each with its target record and the golden's (if recorded)."""
+    records = {r.slot: r for r in target.records}
+    golden_records = {r.slot: r for r in golden.records}
+    for r in inputs:
+        record = records.get(r.slot)
+        if r.failed and record is not None:
+            yield r, record, golden_records.get(r.slot)
+
+
+def source_reason(provenance: Provenance, r: RecordComparison, record: Record | None) -> str:
+    """Why an input that no recorded call produced (``record``; None: a module's own
+    parameter) is a source of the divergence, naming the weight it is where known."""
+    if record is None:
+        what = f"parameter {join(r.module, r.slot.removeprefix('parameters.'))}"
+    elif not record.is_tensor:
+        what = f"argument {r.slot}"
+    else:
+        owner = provenance.parameter_name(record.rank, record)
+        what = f"{r.slot} (parameter {owner})" if owner else f"input {r.slot}"
+    return (
+        f"{what} differs from the golden and no recorded call produced it "
+        f"(a weight, buffer, constant or model input, or the output of a call the capture "
+        f"left out): {r.reason}"
+    )
 
 
 @dataclass

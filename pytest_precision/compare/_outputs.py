@@ -73,32 +73,17 @@ class OutputJudge:
             else "a module is not rerun"
         )
         if why_not is None:
-            found, cleared = self._judge_rerun(golden, target, failing)
+            found, cleared = self.judge_rerun(golden, target, failing)
             if found is None and cleared and before == 0.0:
                 self.provenance.note_noise(target, inputs, failing)
             elif found is None and not cleared:
                 self.unverified.append(target.name)
             return found
         if before == 0.0:
-            # a module holds many roundings: one rounding's envelope would convict a fused
-            # kernel inside it, so a module must differ by more than reordered rounding
-            beyond = [
-                r
-                for r in failing
-                if (
-                    self.code_difference(r)
-                    if target.kind == "Module"
-                    else self.beyond_rounding(golden, target, r)
-                )
-            ]
-            if beyond:
-                worst = max(beyond, key=lambda r: r.error_level)
-                reason = (
-                    f"its inputs match the golden exactly, {worst.slot} does not: {worst.reason}"
-                )
-                return divergence(target, golden, "output", reason, worst)
-            self.provenance.note_noise(target, inputs, failing)
-            return None
+            found = self.judge_clean_inputs(golden, target, failing)
+            if found is None:
+                self.provenance.note_noise(target, inputs, failing)
+            return found
         after = worst.error_level
         if after > AMPLIFICATION * before:
             reason = (
@@ -109,7 +94,29 @@ class OutputJudge:
         self.unverified.append(target.name)
         return None
 
-    def _judge_rerun(
+    def judge_clean_inputs(
+        self, golden: Call, target: Call, failing: list[RecordComparison]
+    ) -> Divergence | None:
+        """The culprit if a call that cannot be rerun and received exactly the golden's inputs
+        put out more than rounding. A module holds many roundings: one rounding's envelope
+        would convict a fused kernel inside it, so a module must differ by more than
+        reordered rounding."""
+        beyond = [
+            r
+            for r in failing
+            if (
+                self.code_difference(r)
+                if target.kind == "Module"
+                else self.beyond_rounding(golden, target, r)
+            )
+        ]
+        if not beyond:
+            return None
+        worst = max(beyond, key=lambda r: r.error_level)
+        reason = f"its inputs match the golden exactly, {worst.slot} does not: {worst.reason}"
+        return divergence(target, golden, "output", reason, worst)
+
+    def judge_rerun(
         self, golden: Call, target: Call, failing: list[RecordComparison]
     ) -> tuple[Divergence | None, bool]:
         """The culprit if a failing output lands outside its dtype's rounding envelope of the

@@ -2,10 +2,11 @@
 
 A shard is the target's calls of one decode step, one rank and one decoder layer (the calls
 outside every layer make one shard per step and rank). Measuring a shard reads only the
-tensors of its calls and returns the records it compared plus its measurements as plain data;
-the walk that judges guilt needs the order of every shard (an error crosses layers and, through
-collectives, ranks), so it runs once, on the merged measurements, reading no tensor. Serial or
-spread over machines, it is the same walk on the same measurements: the same report.
+tensors of its calls and returns the records it compared, the calls its own records prove
+guilty (:mod:`._own_guilt`), and its measurements as plain data; the walk that judges the first
+divergence needs the order of every shard (an error crosses layers and, through collectives,
+ranks), so it runs once, on the merged measurements, reading no tensor. Serial or spread over
+machines, it is the same walk on the same measurements: the same report.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from ..numerics._standards import Standard, StandardName
 from ._dumps import AlignedDumps, walk
 from ._measurements import Measurements
 from ._outputs import OutputJudge
+from ._own_guilt import OwnGuilt
 from ._provenance import Provenance, fingerprint_of
 from ._records import RecordComparer
-from ._results import DumpComparison, RecordComparison, is_input, layer_of
+from ._results import Divergence, DumpComparison, RecordComparison, is_input, layer_of
 
 #: The name of the shard of calls outside every decoder layer.
 OUTSIDE_LAYERS = "outside-layers"
@@ -46,12 +48,16 @@ class Shard:
 
 @dataclass(frozen=True)
 class ShardResult:
-    """What measuring one shard gave: its compared records, and its measurements as plain
-    data for :meth:`ShardedComparison.merge` (``json.dumps`` writes them)."""
+    """What measuring one shard gave: its compared records, the calls its own records prove
+    guilty, and its measurements as plain data for :meth:`ShardedComparison.merge`
+    (``json.dumps`` writes them)."""
 
     shard: Shard
     records: list[RecordComparison]
     payload: dict[str, list[list[Any]]]
+    #: the shard's calls guilty on their own records, in walk order: what fails its test (a
+    #: record failing the standard may only carry error made in another shard)
+    culprits: list[Divergence]
 
     @property
     def failed(self) -> list[RecordComparison]:
@@ -92,14 +98,18 @@ class ShardedComparison:
         return Shard(step, rank, layer_of(call.module))
 
     def measure(self, shard: Shard) -> ShardResult:
-        """Compare the calls of ``shard`` and measure, ahead of the walk, the reruns and
-        rounding checks it may ask for there. Reads only the tensors of the shard's calls."""
+        """Compare the calls of ``shard``, measure ahead of the walk the reruns and rounding
+        checks it may ask for there, and judge each call on its own records. Reads only the
+        tensors of the shard's calls."""
         records: list[RecordComparison] = []
+        culprits: list[Divergence] = []
         for golden, target in self.pairs(shard):
             rows = self._comparer.compare_call(golden, target)
             records.extend(rows)
             self._measure_ahead(golden, target, rows)
-        return ShardResult(shard, records, self.measurements.payload())
+            if (found := self._own_guilt.verdict(golden, target, rows)) is not None:
+                culprits.append(found)
+        return ShardResult(shard, records, self.measurements.payload(), culprits)
 
     def pairs(self, shard: Shard) -> list[tuple[Call, Call]]:
         """The aligned (golden, target) call pairs of ``shard``, in walk order: what measuring
@@ -143,6 +153,11 @@ class ShardedComparison:
     @cached_property
     def _outputs(self) -> OutputJudge:
         return OutputJudge(self._comparer.precision, self._provenance, self.measurements)
+
+    @cached_property
+    def _own_guilt(self) -> OwnGuilt:
+        golden_only = [g for _, only in self.aligned.segments.values() for g in only]
+        return OwnGuilt(self._outputs, self._provenance, self.aligned.target.calls, golden_only)
 
     @cached_property
     def _foreign(self) -> set[tuple[str, int, object]]:

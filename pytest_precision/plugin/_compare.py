@@ -2,12 +2,13 @@
 
 With the option the session collects one item per shard (decode step, rank, decoder layer)
 and nothing else. An item measures its shard, reading only that shard's tensors, and fails
-when one of its records fails the standard. What it measured travels on its test report (xdist
-serializes a report's extra attributes), so the process that reports (the pytest process
-itself, or xdist's controller) merges every shard's measurements and judges the first divergence
-across all of them, once, at the end of the session: the report ``pytest-precision compare``
-prints. ``docs/scale-out.md`` says how to spread it over machines. Torch is imported only when
-the option is given.
+when one of its calls is guilty on its own records (``compare._own_guilt``): noise passes.
+What it measured travels on its test report (xdist serializes a report's extra attributes),
+so the process that reports (the pytest process itself, or xdist's controller) merges every
+shard's measurements and judges the first divergence across all of them, once, at the end of
+the session: the report ``pytest-precision compare`` prints; the session fails on it.
+``docs/scale-out.md`` says how to spread it over machines. Torch is imported only when the
+option is given.
 """
 
 from __future__ import annotations
@@ -215,7 +216,8 @@ class _Shards(pytest.Collector):
 
 
 class _ShardItem(pytest.Item):
-    """One shard: fails when a record of it fails the standard."""
+    """One shard: fails when a call of it is guilty on its own records; a record that fails
+    the standard may carry error made elsewhere (noise, or another shard's bug)."""
 
     def __init__(self, *, shard: Shard, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -226,10 +228,10 @@ class _ShardItem(pytest.Item):
 
         part = _comparison(self.config).measure(self.shard)
         self.stash[_PAYLOAD_KEY] = part.payload
-        if part.failed:
+        if part.culprits:
             where = f"step {self.shard.step}, rank {self.shard.rank}, "
             where += f"layer {self.shard.layer}" if self.shard.layer else "outside the layers"
-            raise _ShardFailed(shard_failure_text(where, part.records))
+            raise _ShardFailed(shard_failure_text(where, part.culprits, part.records))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, (_ShardFailed, PrecisionError)):
@@ -241,7 +243,7 @@ class _ShardItem(pytest.Item):
 
 
 class _ShardFailed(AssertionError):
-    """Records of the shard fail the standard."""
+    """Calls of the shard are guilty on their own records."""
 
 
 def dumps_to_compare(config: pytest.Config) -> tuple[str, str] | None:

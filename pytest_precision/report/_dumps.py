@@ -69,18 +69,25 @@ def worst_calls(records: list[RecordComparison]) -> list[RecordComparison]:
     return sorted(by_call.values(), key=lambda r: r.error_level, reverse=True)
 
 
-def shard_failure_text(where: str, records: list[RecordComparison], *, worst: int = 5) -> str:
-    """Why a shard of a distributed comparison fails: its failing records, worst call first.
-    Which call is guilty is judged across every shard, once all are measured."""
-    failing = worst_calls(records)
-    count = sum(r.failed for r in records)
-    lines = [f"{where}: {count} of {len(records)} records fail the standard"]
-    lines += [f"  {_record_line(r)}" for r in failing[:worst]]
-    if len(failing) > worst:
-        lines.append(f"  ... {len(failing) - worst} more calls with failures")
+def shard_failure_text(
+    where: str, culprits: list[Divergence], records: list[RecordComparison], *, shown: int = 5
+) -> str:
+    """Why a shard of a distributed comparison fails: the calls its own records prove guilty.
+    The first divergence is judged across every shard, once all are measured."""
+    failing = sum(r.failed for r in records)
+    calls = "call is guilty on its" if len(culprits) == 1 else "calls are guilty on their"
+    lines = [
+        f"{where}: {len(culprits)} {calls} own records "
+        f"({failing} of {len(records)} records fail the standard)"
+    ]
+    for d in culprits[:shown]:
+        lines.append(f"  {d.name} [{d.module or '(top level)'}]: {d.rule}")
+        lines.append(f"    {_clip(d.reason, 400)}")
+    if len(culprits) > shown:
+        lines.append(f"  ... {len(culprits) - shown} more guilty calls")
     lines.append(
-        "the first divergence (the guilty call, which may lie in another shard) is judged "
-        "across all shards in the session's summary"
+        "the first divergence (which may lie in an earlier shard) is judged across all shards "
+        "in the session's summary"
     )
     return "\n".join(lines)
 

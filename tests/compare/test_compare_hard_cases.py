@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from compare_helpers import CONFIG, IDS, MODES, dump_llama
+from compare_helpers import CONFIG, IDS, MODES, dump_llama, judged_in_shards
 
 import examples.tiny_llama as tiny
 from examples.tiny_llama import build_tiny_llama, example_input_ids, greedy_generate
@@ -69,8 +69,9 @@ def test_an_equivalent_rewrite_is_noise(
     golden = dump_llama(tmp_path / "g", build_tiny_llama(CONFIG, dtype=dtype), mode, level)
     monkeypatch.setattr(*REWRITES[rewrite][:1], "forward", REWRITES[rewrite][1])
     target = dump_llama(tmp_path / "t", build_tiny_llama(CONFIG, dtype=dtype), mode, level)
-    result = compare_dumps(golden, target)
+    result, culprits = judged_in_shards(golden, target)
     assert result.first_divergence is None, result.report()
+    assert culprits == [], culprits[0].reason  # no shard of --precision-compare fails
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -170,8 +171,10 @@ def test_a_token_flipped_by_noise_ends_the_judging_without_blame(tmp_path: Path)
             tokens[name] = greedy_generate(model, ids, 5, on_step=lambda i: i and cap.step())
     first_flip = int((tokens["g"] != tokens["t"]).nonzero()[0, 1]) - ids.shape[1]
     assert first_flip == 3
-    result = compare_dumps(tmp_path / "g", tmp_path / "t")
+    result, culprits = judged_in_shards(tmp_path / "g", tmp_path / "t")
     assert result.first_divergence is None, result.report()
+    # shards of later steps see other token ids; none blames them on their own records
+    assert culprits == [], culprits[0].reason
     assert result.inputs_diverged is not None
     assert (result.inputs_diverged.step, result.inputs_diverged.name) == (
         4,

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from compare_helpers import judged_in_shards
 from hf_bugs import BUGS, NOISE, applicable, threads
 from hf_zoo import ARCHS, build, inputs
 
-from pytest_precision import Dump, DumpComparison, capture, compare_dumps, load_dump
+from pytest_precision import Divergence, Dump, DumpComparison, capture, compare_dumps, load_dump
 
 MODES = ("tensor", "statistics")
 LEVELS = ("mix", "module")
@@ -65,27 +66,27 @@ def golden(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str, str]
 
 def localize_bug(
     golden_dump: Dump, arch: str, bug: str, mode: str, level: str, tmp: Path
-) -> tuple[str, DumpComparison]:
-    """Capture the target with ``bug`` planted and compare it with the golden; the planted
-    module's path and the comparison."""
+) -> tuple[str, DumpComparison, list[Divergence]]:
+    """Capture the target with ``bug`` planted and compare it with the golden in shards; the
+    planted module's path, the comparison, and the calls convicted by their own records."""
     model = build(arch)
     planted = BUGS[bug].plant(model, ARCHS[arch])
     target = capture_forward(model, tmp / "target", mode, level)
-    return planted, compare_dumps(golden_dump, target)
+    return planted, *judged_in_shards(golden_dump, target)
 
 
 def compare_noise(
     golden_dump: Dump, arch: str, case: str, mode: str, level: str, tmp: Path
-) -> DumpComparison:
-    """Capture the target of a noise case and compare it with the golden."""
+) -> tuple[DumpComparison, list[Divergence]]:
+    """Capture the target of a noise case and compare it with the golden in shards."""
     if case == "self":
-        return compare_dumps(golden_dump, golden_dump)
+        return judged_in_shards(golden_dump, golden_dump)
     dtype, plant, n_threads = NOISE[case]
     model = build(arch, dtype)
     if plant is not None:
         plant(model, ARCHS[arch])
     target = capture_forward(model, tmp / "target", mode, level, n_threads or 1)
-    return compare_dumps(golden_dump, target)
+    return judged_in_shards(golden_dump, target)
 
 
 def inside(module: str | None, planted: str) -> bool:
@@ -105,13 +106,23 @@ def test_planted_bug_is_convicted_at_its_module(
     level: str,
     tmp_path: Path,
 ) -> None:
-    planted, result = localize_bug(golden(arch, mode, level), arch, bug, mode, level, tmp_path)
+    planted, result, culprits = localize_bug(
+        golden(arch, mode, level), arch, bug, mode, level, tmp_path
+    )
     d = result.first_divergence
     assert d is not None, f"{bug} planted in {planted}: no divergence\n{result.report()}"
     assert inside(d.module, planted), (
         f"{bug} planted in {planted}, convicted {d.name} in {d.module} ({d.cause}): {d.reason}"
     )
     assert (d.rank, d.step) == (0, 0)
+    # the shards' tests convict on their own records only calls where the bug is
+    for c in culprits:
+        assert inside(c.module, planted), (
+            f"{bug} in {planted}: shard convicts {c.name} ({c.reason})"
+        )
+    # a weight, constant or argument convicts on the culprit's own records: its shard fails
+    if d.rule == "source":
+        assert d.name in [c.name for c in culprits]
 
 
 @pytest.mark.slow
@@ -127,9 +138,10 @@ def test_noise_names_no_culprit(
     level: str,
     tmp_path: Path,
 ) -> None:
-    result = compare_noise(golden(arch, mode, level), arch, case, mode, level, tmp_path)
+    result, culprits = compare_noise(golden(arch, mode, level), arch, case, mode, level, tmp_path)
     d = result.first_divergence
     assert d is None, f"{case}: false alarm at {d.name} in {d.module} ({d.cause}): {d.reason}"
+    assert culprits == [], f"{case}: a shard convicts {culprits[0].name}: {culprits[0].reason}"
     if case in ("self", "threads", "extra_noop_op"):
         assert result.passed, result.report()
 
@@ -162,7 +174,13 @@ def test_an_msprobe_dump_against_itself_does_not_diverge(case: str) -> None:
 def test_a_rank_local_bug_before_a_collective_is_found_on_that_rank(task: str) -> None:
     """Rank 1 scales its partial sum before the all_reduce of a row-parallel MLP: rank 0's
     all_reduce output differs with clean inputs, but the error was added on rank 1."""
-    result = compare_dumps(MSPROBE / f"tp_golden_{task}", MSPROBE / f"tp_rank1_scaled_{task}")
+    result, culprits = judged_in_shards(
+        MSPROBE / f"tp_golden_{task}", MSPROBE / f"tp_rank1_scaled_{task}"
+    )
     d = result.first_divergence
     assert d is not None, result.report()
     assert (d.rank, d.step) == (1, 0), f"{d.name} on rank {d.rank} ({d.cause}): {d.reason}"
+    # rank 0's all_reduce, whose own inputs match exactly, put out what it gathered from rank
+    # 1: no fault of rank 0's shard (rank 1's comes from code only that run has: judged by
+    # the walk across shards, no shard's own records prove it)
+    assert culprits == [], [(c.name, c.rank) for c in culprits]

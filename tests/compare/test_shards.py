@@ -96,9 +96,33 @@ def test_shards_judged_together_give_the_report_of_compare_dumps(
 
 def test_a_planted_bug_fails_exactly_its_shard(tp: dict[str, Path]) -> None:
     comparison = ShardedComparison(tp["golden"], tp["kernel"])
-    failing = [s.id for s in comparison.shards if comparison.measure(s).failed]
+    measured = {s.id: comparison.measure(s) for s in comparison.shards}
+    failing = [shard for shard, part in measured.items() if part.culprits]
     assert failing == ["step1-rank1-layers.1"]
+    culprit = measured["step1-rank1-layers.1"].culprits
+    assert [(d.name, d.rule) for d in culprit] == [("Tensor.add.1.forward", "float64 rerun")]
+    # the error it made reaches the layer's output record too: failing, but not guilty
+    assert [r.name for r in measured["step1-rank1-layers.1"].failed] == [
+        "Tensor.add.1.forward",
+        "Module.layers.1.Block.forward.0",
+    ]
     assert len(comparison.shards) == 2 * 2 * 3  # steps x ranks x (2 layers + the rest)
+
+
+def test_a_wrong_weight_fails_the_shards_that_read_it_not_those_it_reaches(
+    tp: dict[str, Path],
+) -> None:
+    """Rank 1's layer-0 weight is off: its error reaches every later layer and, through the
+    all_reduce, rank 0, where records fail the standard; only the calls reading the weight
+    are guilty, at each step."""
+    comparison = ShardedComparison(tp["golden"], tp["weight"])
+    measured = {s.id: comparison.measure(s) for s in comparison.shards}
+    guilty = {shard: [(d.name, d.cause) for d in part.culprits] for shard, part in measured.items()}
+    assert {shard: found for shard, found in guilty.items() if found} == {
+        "step0-rank1-layers.0": [("Functional.linear.0.forward", "source")],
+        "step1-rank1-layers.0": [("Functional.linear.0.forward", "source")],
+    }
+    assert measured["step0-rank0-layers.1"].failed  # the drift it received fails the standard
 
 
 def test_a_worker_reads_only_the_tensors_of_its_shards(tp: dict[str, Path], reads: Reads) -> None:

@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from compare_helpers import CONFIG, dump_llama
 from tp_dumps import Bug, shard_data, write_tp_dump
 
+from examples.tiny_llama import build_tiny_llama
 from pytest_precision import ShardedComparison, compare_dumps
 from pytest_precision.plugin import _compare
 
@@ -77,8 +80,10 @@ def test_the_session_is_the_comparison_and_its_report(
     result.stdout.fnmatch_lines(
         [
             f"*_ {PLANTED} _*",
-            "step 1, rank 1, layer layers.1: 2 of 10 records fail the standard",
-            "*Tensor.add.1.forward.output.0 [[]layers.1]*",
+            "step 1, rank 1, layer layers.1: 1 call is guilty on its own records "
+            "(2 of 10 records fail the standard)",
+            "  Tensor.add.1.forward [[]layers.1]: float64 rerun",
+            "    output.0 differs from a rerun of the call from its own recorded inputs*",
             "*= dump comparison (pytest-precision) =*",
             "first divergence: Tensor.add.1.forward, step 1 rank 1",
             "*rule:   float64 rerun",
@@ -100,6 +105,21 @@ def test_a_comparison_that_is_incomplete_fails_with_every_shard_passing(
     result.assert_outcomes(passed=4)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["incomplete: step 1 rank 0 is only in the target*"])
+
+
+def test_a_run_that_differs_only_by_noise_passes(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """The tiny Llama in bf16 against fp32: records fail the standard (carried rounding), no
+    call is guilty. Every shard passes and so does the session, as ``compare`` exits 0."""
+    golden = dump_llama(tmp_path / "g", build_tiny_llama(CONFIG), "tensor")
+    bf16 = build_tiny_llama(CONFIG, dtype=torch.bfloat16)
+    target = dump_llama(tmp_path / "t", bf16, "tensor")
+    result = pytester.runpytest("--precision-compare", str(golden), str(target))
+    result.assert_outcomes(passed=3)
+    assert result.ret == pytest.ExitCode.OK
+    # how many records fail depends on the CPU's bf16 kernels; that some do, does not
+    result.stdout.fnmatch_lines(
+        ["no divergence: * record(s) differ beyond the standard, but no call is guilty:*"]
+    )
 
 
 def test_the_session_gives_the_garbage_collector_back_what_it_froze(

@@ -88,7 +88,7 @@ class GuiltJudge:
         for key in list(self.pending):
             rank, step, path = key
             # a step's ranks are walked in lockstep: another rank's call leaves nothing
-            if step != target.step or (rank == target.rank and not _within(target.module, path)):
+            if step != target.step or (rank == target.rank and not within(target.module, path)):
                 self._settle(key, None)  # the walk left the module: its last outputs decide
         if self.strong is None and self.inputs_diverged is None:
             self._found(self._verdict(golden, target, compared, received))
@@ -147,7 +147,7 @@ class GuiltJudge:
         """Without module records, what leaves a module is its last call's output: each run's
         own last call there (rewritten code pairs its calls differently, or not at all)."""
         rank, step, path = key
-        inside = [c for c in self.golden_calls.get((step, rank), []) if _within(c.module, path)]
+        inside = [c for c in self.golden_calls.get((step, rank), []) if within(c.module, path)]
         if target is None or not inside:
             return []
         golden = inside[-1]
@@ -205,8 +205,8 @@ class GuiltJudge:
             return None
         worst = max(dirty, key=lambda r: r.error_level)
         key = (target.rank, target.step)
-        foreign = [n for n, m in self.foreign.get(key, []) if _within(m, target.module or "")]
-        ops = [n for n, m in self.failing_ops.get(key, []) if _within(m, target.module or "")]
+        foreign = [n for n, m in self.foreign.get(key, []) if within(m, target.module or "")]
+        ops = [n for n, m in self.failing_ops.get(key, []) if within(m, target.module or "")]
         if foreign:
             inside = f"code only one run has inside it, first {foreign[0]}"
         else:
@@ -353,7 +353,7 @@ class _Suspicion:
     module: str | None = None
 
 
-def _within(module: str | None, path: str) -> bool:
+def within(module: str | None, path: str) -> bool:
     """A call in ``module`` runs inside ``path``; a call with no module is in the root."""
     if not path:
         return True

@@ -6,7 +6,9 @@ shard's test cannot wait for that walk, so it fails on what its own calls prove:
 - a weight, constant, model input or argument that neither run produced differs;
 - a float64 rerun from the call's own recorded inputs differs beyond rounding;
 - an op that cannot be rerun received exactly the golden's inputs and put out more than
-  rounding.
+  rounding;
+- at the first decode step, a module whose inputs, weights and insides (all in the shard)
+  match the golden exactly put out more than reordered rounding.
 
 Each is a rule of the walk, applied only where the walk would apply it with nothing but the
 shard at hand: error carried in from another shard (a drifting input, what a collective
@@ -21,19 +23,19 @@ from collections.abc import Iterable, Sequence
 
 from ..dump._records import Call, Record
 from ..numerics._dtypes import dtype_from_name
-from ._guilt import failing_inputs, source_reason
+from ._guilt import failing_inputs, source_reason, within
 from ._outputs import OutputJudge, divergence
 from ._provenance import Provenance, fingerprint_of
-from ._results import Divergence, RecordComparison, StatsComparison, is_input
+from ._results import Divergence, RecordComparison, StatsComparison, is_input, layer_of
 
 #: Content identity within one rank of one dump, as :mod:`._provenance` keys it.
 _Content = tuple[int, tuple[object, ...] | None]
 
 
 class OwnGuilt:
-    """Judges one aligned call on its own records. ``target_calls``: every call of the
-    target, matched or not; ``golden_only``: the golden's calls the target does not make
-    (both from the dumps' index: what any call produced, to tell a source)."""
+    """What judging calls on their own records needs from the whole dumps' index, made once
+    per process. ``target_calls``: every call of the target, matched or not;
+    ``golden_only``: the golden's calls the target does not make."""
 
     def __init__(
         self,
@@ -47,50 +49,16 @@ class OwnGuilt:
         self.first_step = min((c.step for c in target_calls), default=0)
         self._target_calls = target_calls
         self._golden_only = golden_only
-        #: built on the first failing input: a clean shard never needs them
+        #: built on first use: a clean shard never needs them
         self._producers: dict[_Content, set[tuple[int, str]]] | None = None
         self._golden_only_producers: dict[_Content, set[tuple[int, str]]] = {}
+        self._layers: dict[tuple[int, int], set[str]] | None = None
 
-    def verdict(
-        self, golden: Call, target: Call, compared: list[RecordComparison]
-    ) -> Divergence | None:
-        """The call's guilt in the walk's order (its weights, its inputs, its outputs), where
-        its own records prove it; None where proving it needs other calls."""
-        for r in compared:
-            if r.slot.startswith("parameters") and r.failed:
-                return divergence(
-                    target, golden, "source", source_reason(self.provenance, r, None), r
-                )
-        inputs = [r for r in compared if is_input(r.slot)]
-        found = self._source(golden, target, inputs)
-        if found is not None:
-            return found
-        failing = [r for r in compared if r.failed and r.slot.startswith("output")]
-        if not failing or target.kind == "Module":
-            return None  # a module is judged by the ops and modules inside it: other calls
-        if self.outputs.measurements.refusal(target) is None:
-            return self.outputs.judge_rerun(golden, target, failing)[0]
-        if target.kind != "Distributed" and all(_exact(r) for r in inputs):
-            return self.outputs.judge_clean_inputs(golden, target, failing)
-        return None
+    def in_shard(self) -> ShardJudge:
+        """A judge of one shard's calls, given in walk order."""
+        return ShardJudge(self)
 
-    def _source(
-        self, golden: Call, target: Call, inputs: list[RecordComparison]
-    ) -> Divergence | None:
-        """A failing input that no call produced: an argument, or, where ops are recorded, a
-        weight, constant or model input (in a module-level dump glue code between modules is
-        not recorded, so a tensor may come from it)."""
-        for r, record, golden_record in failing_inputs(golden, target, inputs):
-            if not record.is_tensor or (
-                self.provenance.op_level
-                and self._from_nowhere(golden, target, record, golden_record)
-                and not self._maybe_new_prompt(target, record)
-            ):
-                reason = source_reason(self.provenance, r, record)
-                return divergence(target, golden, "source", reason, r)
-        return None
-
-    def _from_nowhere(
+    def from_nowhere(
         self, golden: Call, target: Call, record: Record, golden_record: Record | None
     ) -> bool:
         """No other call of the target put out this content, before or after ``target`` (the
@@ -103,16 +71,135 @@ class OwnGuilt:
         lost = (golden.rank, fingerprint_of(golden_record)) in self._golden_only_producers
         return others <= {(target.step, target.name)} and not lost  # x.to(x.dtype) is x
 
+    def holds_other_shards(self, module: Call) -> bool:
+        """The module holds a decoder layer (other than its own) that its rank ran at its
+        step: calls inside it lie in other shards."""
+        if self._layers is None:
+            self._layers = {}
+            for c in self._target_calls:
+                if (layer := layer_of(c.module)) is not None:
+                    self._layers.setdefault((c.step, c.rank), set()).add(layer)
+        path, own = module.module or "", layer_of(module.module)
+        layers = self._layers.get((module.step, module.rank), set())
+        return any(layer != own and within(layer, path) for layer in layers)
+
+
+class ShardJudge:
+    """Judges the calls of one shard, in walk order, on their own records and, for a module,
+    on the calls inside it that came before it in the shard."""
+
+    def __init__(self, own: OwnGuilt) -> None:
+        self.own = own
+        self.outputs = own.outputs
+        self.provenance = own.provenance
+        #: (module path, level) of the calls judged so far: their weights' error level and,
+        #: where their inputs matched exactly, their outputs' (the rounding born inside them)
+        self._inside: list[tuple[str, float]] = []
+        #: the modules of the calls convicted so far: a module around one repeats its guilt
+        self._convicted: list[str] = []
+
+    def verdict(
+        self, golden: Call, target: Call, compared: list[RecordComparison]
+    ) -> Divergence | None:
+        """The call's guilt in the walk's order (its weights, its inputs, its outputs), where
+        the shard proves it; None where proving it needs other shards."""
+        found = self._verdict(golden, target, compared)
+        self._remember(target, compared)
+        if found is not None:
+            self._convicted.append(target.module or "")
+        return found
+
+    def _verdict(
+        self, golden: Call, target: Call, compared: list[RecordComparison]
+    ) -> Divergence | None:
+        for r in compared:
+            if r.slot.startswith("parameters") and r.failed:
+                return divergence(
+                    target, golden, "source", source_reason(self.provenance, r, None), r
+                )
+        inputs = [r for r in compared if is_input(r.slot)]
+        found = self._source(golden, target, inputs)
+        if found is not None:
+            return found
+        failing = [r for r in compared if r.failed and r.slot.startswith("output")]
+        if not failing:
+            return None
+        if target.kind == "Module":
+            return self._module(golden, target, compared, inputs, failing)
+        if self.outputs.measurements.refusal(target) is None:
+            return self.outputs.judge_rerun(golden, target, failing)[0]
+        if target.kind != "Distributed" and all(_exact(r) for r in inputs):
+            return self.outputs.judge_clean_inputs(golden, target, failing)
+        return None
+
+    def _module(
+        self,
+        golden: Call,
+        target: Call,
+        compared: list[RecordComparison],
+        inputs: list[RecordComparison],
+        failing: list[RecordComparison],
+    ) -> Divergence | None:
+        """The walk's rule for a module with clean inputs, where the shard holds what it
+        needs: the first decode step (the walk also counts weights and rounding inside the
+        module at earlier steps), a module holding no layer (its insides would lie in other
+        shards), tensor data (matching statistics may inherit drift)."""
+        if (
+            target.step != self.own.first_step
+            or not all(_exact(r) for r in inputs)
+            or self.own.holds_other_shards(target)
+        ):
+            return None
+        path = target.module or ""
+        if any(within(m, path) for m in self._convicted):
+            return None  # a call inside it is guilty already
+        inside = max((level for m, level in self._inside if within(m, path)), default=0.0)
+        if max(_weights(compared), inside) > 0.0:
+            return None
+        return self.outputs.judge_clean_inputs(golden, target, failing)
+
+    def _remember(self, target: Call, compared: list[RecordComparison]) -> None:
+        """What the walk would count inside the modules around ``target``: its weights' error,
+        and its outputs' where its inputs matched (more than the walk counts: never less)."""
+        level = _weights(compared)
+        if all(r.error_level == 0.0 for r in compared if is_input(r.slot)):
+            outputs = [r.error_level for r in compared if r.slot.startswith("output")]
+            level = max([level, *outputs])
+        if level != 0.0:
+            self._inside.append((target.module or "", level))
+
+    def _source(
+        self, golden: Call, target: Call, inputs: list[RecordComparison]
+    ) -> Divergence | None:
+        """A failing input that no call produced: an argument, or, where ops are recorded, a
+        weight, constant or model input (in a module-level dump glue code between modules is
+        not recorded, so a tensor may come from it)."""
+        for r, record, golden_record in failing_inputs(golden, target, inputs):
+            if not record.is_tensor or (
+                self.provenance.op_level
+                and self.own.from_nowhere(golden, target, record, golden_record)
+                and not self._maybe_new_prompt(target, record)
+            ):
+                reason = source_reason(self.provenance, r, record)
+                return divergence(target, golden, "source", reason, r)
+        return None
+
     def _maybe_new_prompt(self, target: Call, record: Record) -> bool:
         """Token ids at a later step: the walk blames them only when no earlier step failed
         (else generation took another token), which other shards tell."""
-        return not dtype_from_name(record.dtype).is_floating_point and target.step > self.first_step
+        floating = dtype_from_name(record.dtype).is_floating_point
+        return not floating and target.step > self.own.first_step
 
 
 def _exact(r: RecordComparison) -> bool:
     """An input equal to the golden's; statistics that match may still inherit their
     producer's drift (four statistics miss a permutation), which another shard tells."""
     return r.error_level == 0.0 and not isinstance(r.metrics, StatsComparison)
+
+
+def _weights(compared: list[RecordComparison]) -> float:
+    """The error level of a call's own weights (its ``parameters`` records)."""
+    return max((r.error_level for r in compared if r.slot.startswith("parameters")), default=0.0)
 
 
 def _producers(calls: Iterable[Call]) -> dict[_Content, set[tuple[int, str]]]:

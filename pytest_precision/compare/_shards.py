@@ -103,11 +103,12 @@ class ShardedComparison:
         tensors of the shard's calls."""
         records: list[RecordComparison] = []
         culprits: list[Divergence] = []
+        judge = self._own_guilt.in_shard()
         for golden, target in self.pairs(shard):
             rows = self._comparer.compare_call(golden, target)
             records.extend(rows)
             self._measure_ahead(golden, target, rows)
-            if (found := self._own_guilt.verdict(golden, target, rows)) is not None:
+            if (found := judge.verdict(golden, target, rows)) is not None:
                 culprits.append(found)
         return ShardResult(shard, records, self.measurements.payload(), culprits)
 

@@ -31,9 +31,16 @@ class Bug:
 
 
 def write_tp_dump(
-    path: Path, *, ranks: int, steps: int, layers: int, bug: Bug | None = None
+    path: Path,
+    *,
+    ranks: int,
+    steps: int,
+    layers: int,
+    bug: Bug | None = None,
+    collective: str = "Distributed.all_reduce",
 ) -> Path:
-    """Write the dump of ``ranks`` ranks at ``steps`` decode steps into ``path``."""
+    """Write the dump of ``ranks`` ranks at ``steps`` decode steps into ``path``; the all_reduce
+    is named ``collective`` (``Torch.all_reduce``, vLLM's ``Custom.vllm.all_reduce``)."""
     weights = _weights(ranks, layers, bug)
     embedding = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(1))
     writers = [
@@ -56,7 +63,11 @@ def write_tp_dump(
                 if bug == Bug("kernel", rank, layer, step):
                     y = y * 1.01
                 _layer(
-                    writer, step, layer, xs[rank], weights[rank][layer], partials[rank], total, y
+                    writer,
+                    step,
+                    layer,
+                    (xs[rank], weights[rank][layer], partials[rank], total, y),
+                    collective,
                 )
                 xs[rank] = y
     for writer in writers:
@@ -83,36 +94,47 @@ def _layer(
     writer: DumpWriter,
     step: int,
     layer: int,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    partial: torch.Tensor,
-    total: torch.Tensor,
-    y: torch.Tensor,
+    tensors: tuple[torch.Tensor, ...],
+    collective: str,
 ) -> None:
+    x, weight, partial, total, y = tensors
     path = f"layers.{layer}"
     block = f"Module.{path}.Block.forward.0"
     _call(writer, step, block, path, None, {"input.0": x})
     _call(writer, step, f"Functional.linear.{layer}.forward", f"{path}.proj", block,
           {"input.0": x, "input.1": weight, "output.0": partial})  # fmt: skip
-    _call(writer, step, f"Distributed.all_reduce.{layer}.forward", path, block,
+    _call(writer, step, f"{collective}.{layer}.forward", path, block,
           {"input.0": partial, "output.0": total})  # fmt: skip
     _call(writer, step, f"Tensor.add.{layer}.forward", path, block,
           {"input.0": x, "input.1": total, "output.0": y})  # fmt: skip
     _call(writer, step, block, path, None, {"output.0": y})
 
 
+def write_calls(path: Path, calls: list[tuple[int, str, str | None, dict[str, Any]]]) -> Path:
+    """A one-rank dump of ``calls``: (step, name, module, {slot: tensor or plain value})."""
+    writer = DumpWriter(path, rank=0, world_size=1, info={"level": "mix"}, background=False)
+    writer.start()
+    for step, name, module, slots in calls:
+        _call(writer, step, name, module, None, slots)
+    writer.close()
+    return path
+
+
 def _call(
     writer: DumpWriter,
     step: int,
     name: str,
-    module: str,
+    module: str | None,
     parent: str | None,
-    slots: dict[str, torch.Tensor],
+    slots: dict[str, Any],
 ) -> None:
-    kind, op = name.split(".")[:2]
+    parts = name.split(".")
+    kind, op = parts[:2]
     if kind == "Module":
-        op = name.split(".")[-3]
-    for slot, tensor in slots.items():
+        op = parts[-3]
+    elif kind == "Custom":  # torch.ops.<namespace>.<op>
+        op = ".".join(parts[1:3])
+    for slot, value in slots.items():
         entry: dict[str, Any] = {
             "name": name,
             "kind": kind,
@@ -121,11 +143,12 @@ def _call(
             "parent": parent,
             "step": step,
             "slot": slot,
-            "dtype": str(tensor.dtype).removeprefix("torch."),
-            "shape": list(tensor.shape),
-            "value": None,
         }
-        writer.add(entry, key=f"{step}/{name}/{slot}", tensor=tensor.clone())
+        if not isinstance(value, torch.Tensor):
+            writer.add({**entry, "dtype": None, "shape": None, "value": value})
+            continue
+        entry.update(dtype=str(value.dtype).removeprefix("torch."), shape=list(value.shape))
+        writer.add({**entry, "value": None}, key=f"{step}/{name}/{slot}", tensor=value.clone())
 
 
 def shard_data(comparison: ShardedComparison, shard: Shard) -> set[str]:

@@ -143,7 +143,7 @@ def _epochs(walk: WalkPart) -> list[tuple[WalkPart, tuple[Call, Call] | None]]:
     out: list[tuple[WalkPart, tuple[Call, Call] | None]] = []
     before: WalkPart = []
     for g, t in walk:
-        if g is not None and t.kind == "Distributed":
+        if g is not None and t.collective:
             out.append((before, (g, t)))
             before = []
         else:

@@ -3,7 +3,8 @@
 The first divergence is judged once, by the walk of :mod:`._guilt`, across every shard. A
 shard's test cannot wait for that walk, so it fails on what its own calls prove:
 
-- a weight, constant, model input or argument that neither run produced differs;
+- a weight differs; at the first decode step, a constant, model input or argument that
+  neither run produced;
 - a float64 rerun from the call's own recorded inputs differs beyond rounding;
 - an op that cannot be rerun received exactly the golden's inputs and put out more than
   rounding;
@@ -22,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..dump._records import Call, Record
-from ..numerics._dtypes import dtype_from_name
 from ._guilt import failing_inputs, source_reason, within
 from ._outputs import OutputJudge, divergence
 from ._provenance import Provenance, fingerprint_of
@@ -128,7 +128,7 @@ class ShardJudge:
             return self._module(golden, target, compared, inputs, failing)
         if self.outputs.measurements.refusal(target) is None:
             return self.outputs.judge_rerun(golden, target, failing)[0]
-        if target.kind != "Distributed" and all(_exact(r) for r in inputs):
+        if not target.collective and all(_exact(r) for r in inputs):
             return self.outputs.judge_clean_inputs(golden, target, failing)
         return None
 
@@ -171,24 +171,21 @@ class ShardJudge:
     def _source(
         self, golden: Call, target: Call, inputs: list[RecordComparison]
     ) -> Divergence | None:
-        """A failing input that no call produced: an argument, or, where ops are recorded, a
-        weight, constant or model input (in a module-level dump glue code between modules is
-        not recorded, so a tensor may come from it)."""
+        """A failing input that no call produced, at the first decode step: an argument, or,
+        where ops are recorded, a weight, constant or model input (in a module-level dump glue
+        code between modules is not recorded, so a tensor may come from it). At a later step
+        what the model received may follow another token that noise made the generation pick
+        (after which the walk judges nothing), which only earlier shards tell."""
+        if target.step != self.own.first_step:
+            return None
         for r, record, golden_record in failing_inputs(golden, target, inputs):
             if not record.is_tensor or (
                 self.provenance.op_level
                 and self.own.from_nowhere(golden, target, record, golden_record)
-                and not self._maybe_new_prompt(target, record)
             ):
                 reason = source_reason(self.provenance, r, record)
                 return divergence(target, golden, "source", reason, r)
         return None
-
-    def _maybe_new_prompt(self, target: Call, record: Record) -> bool:
-        """Token ids at a later step: the walk blames them only when no earlier step failed
-        (else generation took another token), which other shards tell."""
-        floating = dtype_from_name(record.dtype).is_floating_point
-        return not floating and target.step > self.own.first_step
 
 
 def _exact(r: RecordComparison) -> bool:

@@ -121,6 +121,9 @@ class _OpMode(TorchFunctionMode):
             capture._uninitialized.handles(args)
         capture._record_values(head, input_leaves(args, kwargs))  # before the call: in-place ops
         output = func(*args, **kwargs)
+        if info.kind == "Distributed" and info.mutated:
+            capture._record_collective(head, info, args, kwargs, output)
+            return output
         capture._uninitialized.after_call(info.api, args, kwargs, output)
         capture._record_values(head, output_leaves(output))
         if info.mutated:  # out buffers of custom ops, as filled by the call
@@ -295,6 +298,26 @@ class Capture:
         if included is not None and not (included.match(name) or included.match(module)):
             return False
         return excluded is None or not (excluded.match(name) or excluded.match(module))
+
+    def _record_collective(
+        self,
+        head: _Head,
+        info: OpInfo,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+    ) -> None:
+        """A c10d collective writes an argument in place and bumps no version counter: what was
+        recorded of it before is stale. Its output is that argument after the call, as msprobe
+        records it; an asynchronous call (it returns a work handle) may not have written it
+        yet, so nothing is recorded then, and its next reader records what it finds."""
+        written = [args[i] if i < len(args) else kwargs.get(n) for i, n in info.mutated]
+        tensors = [v for w in written for _, v in output_leaves(w) if isinstance(v, torch.Tensor)]
+        self._uninitialized.written(tensors)
+        for t in tensors:
+            self._recorded.forget(t)
+        if output is None:
+            self._record_values(head, output_leaves(written[0]))
 
     def _record_values(self, head: _Head, leaves: list[tuple[str, Any]]) -> None:
         writer = self._writer

@@ -17,7 +17,9 @@ Entries hold weak references to the base and go with it, so nothing is kept aliv
 keys they hold are let go then (the writer drops what it kept for them).
 
 Known blind spots, as for autograd: writes through ``.data`` or from outside torch (a numpy view)
-bump no version counter. Inference tensors have no version counter and are never reused.
+bump no version counter. ``torch.distributed`` collectives bump none either: capture tells
+:meth:`RecordedTensors.forget` what they wrote. Inference tensors have no version counter and
+are never reused.
 """
 
 from __future__ import annotations
@@ -86,19 +88,32 @@ class RecordedTensors:
         if replaced is not None:  # recorded again, changed: the old key can never be returned
             self._forget(replaced[2])
 
+    def forget(self, t: torch.Tensor) -> None:
+        """``t`` was written without bumping its version counter (a ``torch.distributed``
+        collective writes in place): nothing recorded of its base, through any view, is
+        current."""
+        base = _base(t)
+        known = self._bases.get(id(base))
+        if known is not None and known[0]() is base:
+            self._drop(id(base), known[0])
+
     def _died(self, ident: int) -> Callable[[Any], None]:
         def died(ref: Any) -> None:
-            known = self._bases.get(ident)
-            if known is None or known[0] is not ref:
-                return
-            del self._bases[ident]
-            for geometry in known[1]:
-                entry = self._entries.get(geometry)
-                if entry is not None and entry[0] is ref:
-                    del self._entries[geometry]
-                    self._forget(entry[2])
+            self._drop(ident, ref)
 
         return died
+
+    def _drop(self, ident: int, ref: Any) -> None:
+        """Forget every geometry recorded of the base ``ref`` (registered under ``ident``)."""
+        known = self._bases.get(ident)
+        if known is None or known[0] is not ref:
+            return
+        del self._bases[ident]
+        for geometry in known[1]:
+            entry = self._entries.get(geometry)
+            if entry is not None and entry[0] is ref:
+                del self._entries[geometry]
+                self._forget(entry[2])
 
     def clear(self) -> None:
         """Forget everything, telling no one (the capture is over)."""

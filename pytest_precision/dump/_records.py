@@ -64,6 +64,18 @@ OUTPUT_SLOTS = ("output",)
 PARAMETER_SLOTS = ("parameters",)
 
 
+#: Collective communication ops, by name. ``gather``, ``scatter``, ``reduce`` and ``broadcast``
+#: are collectives only as ``Distributed`` calls: ``Tensor.gather`` and ``Tensor.scatter_`` are
+#: everyday ops.
+# fmt: off
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "isend",
+    "irecv", "barrier", "allgather_base", "reduce_scatter_base",
+})
+# fmt: on
+
+
 @dataclass(frozen=True, eq=False)
 class Call:
     """One recorded call (an op, or a module's forward) with its records in recording order."""
@@ -89,6 +101,19 @@ class Call:
     def parameters(self) -> tuple[Record, ...]:
         """A module's own parameters (``parameters.*``); ops have none."""
         return self._slots(PARAMETER_SLOTS)
+
+    @property
+    def collective(self) -> bool:
+        """A communication op (what it puts out comes from other ranks too): a
+        ``Distributed`` call, or an op named like one (``Torch.all_reduce`` in older native
+        dumps, vLLM's ``Custom.vllm.all_reduce``)."""
+        if self.kind == "Distributed":
+            return True
+        if self.kind == "Module":
+            return False
+        parts = self.op.split(".")
+        name = parts[1] if self.kind == "Custom" and len(parts) > 1 else parts[0]
+        return name.strip("_") in COLLECTIVES
 
     def _slots(self, prefixes: tuple[str, ...]) -> tuple[Record, ...]:
         return tuple(r for r in self.records if r.slot.partition(".")[0] in prefixes)

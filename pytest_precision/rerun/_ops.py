@@ -50,18 +50,6 @@ _RANDOM_WHEN_TRAINING = {
 _UNINITIALIZED = ("empty", "new_empty", "resize")
 
 
-#: Collective communication: the other ranks are not there to rerun with. ``gather``,
-#: ``scatter``, ``reduce`` and ``broadcast`` are collectives only as ``Distributed`` calls:
-#: ``Tensor.gather`` and ``Tensor.scatter_`` are everyday ops.
-# fmt: off
-_COMMUNICATION = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "isend",
-    "irecv", "barrier", "allgather_base", "reduce_scatter_base",
-})
-
-
-# fmt: on
 #: In-place operators that are dunders (other in-place ops end with one ``_``).
 # fmt: off
 _INPLACE_DUNDERS = frozenset({
@@ -92,7 +80,7 @@ def is_inplace(call: Call) -> bool:
 def _refuse_by_name(call: Call) -> None:
     """Raise NotReplayable for ops whose rerun says nothing about the recorded output."""
     name = _base_name(call).strip("_")
-    if call.kind == "Distributed" or name in _COMMUNICATION:
+    if call.collective:
         raise NotReplayable(
             f"{call.name} is a communication op: the other ranks are not there to rerun it with"
         )
@@ -208,13 +196,13 @@ def resolve_op(call: Call) -> Callable[..., Any]:
     if ".backward" in call.name or ".parameters_grad" in call.name:
         raise NotReplayable(f"{call.name} is a backward call: replay reruns forward ops only")
     finder = _FINDERS.get(call.kind)
-    if finder is None and call.kind != "Distributed":
+    if finder is None and not call.collective:
         raise NotReplayable(
             f"{call.name}: calls of kind {call.kind!r} cannot be replayed "
             f"(replay knows {', '.join(sorted(_FINDERS))})"
         )
     _refuse_by_name(call)
-    assert finder is not None  # Distributed was refused above
+    assert finder is not None  # a collective was refused above
     found = finder(call.op, call)
     if found is None or not callable(found) or inspect.isclass(found):
         raise NotReplayable(

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from tp_dumps import Bug, shard_data, write_tp_dump
+import torch
+from compare_helpers import judged_in_shards
+from tp_dumps import Bug, shard_data, write_calls, write_tp_dump
 
 from pytest_precision import DumpComparison, ShardedComparison, compare_dumps
 from pytest_precision.compare._shards import Shard
@@ -113,16 +116,69 @@ def test_a_wrong_weight_fails_the_shards_that_read_it_not_those_it_reaches(
     tp: dict[str, Path],
 ) -> None:
     """Rank 1's layer-0 weight is off: its error reaches every later layer and, through the
-    all_reduce, rank 0, where records fail the standard; only the calls reading the weight
-    are guilty, at each step."""
+    all_reduce, rank 0, where records fail the standard; only the call reading the weight is
+    guilty."""
     comparison = ShardedComparison(tp["golden"], tp["weight"])
     measured = {s.id: comparison.measure(s) for s in comparison.shards}
     guilty = {shard: [(d.name, d.cause) for d in part.culprits] for shard, part in measured.items()}
+    # at step 1 an input from nowhere may follow another token (other shards tell): the
+    # weight, an op's input rather than a module parameter here, convicts at step 0
     assert {shard: found for shard, found in guilty.items() if found} == {
         "step0-rank1-layers.0": [("Functional.linear.0.forward", "source")],
-        "step1-rank1-layers.0": [("Functional.linear.0.forward", "source")],
     }
     assert measured["step0-rank0-layers.1"].failed  # the drift it received fails the standard
+
+
+@pytest.mark.parametrize(
+    "collective", ["Distributed.all_reduce", "Torch.all_reduce", "Custom.vllm.all_reduce"]
+)
+def test_a_collective_by_any_name_carries_a_ranks_error_to_the_others(
+    tmp_path: Path, collective: str
+) -> None:
+    """msprobe's spelling, an older native capture's and vLLM's custom op: rank 0's all_reduce
+    receives exactly the golden's partial sum and puts out the error rank 1 fed it. Rank 1's
+    wrong weight is the culprit, in the walk and in the shards."""
+    golden = write_tp_dump(tmp_path / "g", ranks=2, steps=1, layers=1, collective=collective)
+    bug = Bug("weight", rank=1, layer=0)
+    target = write_tp_dump(
+        tmp_path / "t", ranks=2, steps=1, layers=1, bug=bug, collective=collective
+    )
+    result, culprits = judged_in_shards(golden, target)
+    found = result.first_divergence
+    assert found is not None
+    assert (found.rank, found.name) == (1, "Functional.linear.0.forward"), found.reason
+    assert {(c.rank, c.name) for c in culprits} == {(1, "Functional.linear.0.forward")}
+
+
+def test_a_token_that_noise_flipped_fails_no_later_shard(tmp_path: Path) -> None:
+    """bf16 against fp32: rounding fails records at step 0 (the rerun clears them); at step 1
+    generation took another token, and a call takes a Python int derived from the token ids
+    (as MoE code does with ``.tolist()``): its argument differs. The walk judges nothing after
+    the flip, and no shard may blame what the other token brought."""
+    weights = torch.randn(16, 8, generator=torch.Generator().manual_seed(0)) * 4
+
+    def run(dtype: torch.dtype, token: int) -> list[tuple[int, str, str | None, dict[str, Any]]]:
+        calls: list[tuple[int, str, str | None, dict[str, Any]]] = []
+        for step in (0, 1):
+            ids = torch.tensor([3, 7, 1, 5 if step == 0 else token])
+            h = weights.to(dtype)[ids]
+            e, k = h.exp(), int(ids[-1]) % 4
+            calls += [
+                (step, "Functional.embedding.0.forward", None,
+                 {"input.0": ids, "input.1": weights.to(dtype), "output.0": h}),
+                (step, "Tensor.exp.0.forward", None, {"input.0": h, "output.0": e}),
+                (step, "Tensor.__getitem__.0.forward", None,
+                 {"input.0": e, "input.1": k, "output.0": e[k]}),
+            ]  # fmt: skip
+        return calls
+
+    golden = write_calls(tmp_path / "g", run(torch.float32, 5))
+    target = write_calls(tmp_path / "t", run(torch.bfloat16, 6))
+    result, culprits = judged_in_shards(golden, target)
+    assert result.first_divergence is None, result.report()
+    assert result.inputs_diverged is not None
+    assert result.inputs_diverged.step == 1
+    assert culprits == [], [(c.name, c.step, c.reason) for c in culprits]
 
 
 def test_a_worker_reads_only_the_tensors_of_its_shards(tp: dict[str, Path], reads: Reads) -> None:

@@ -1,7 +1,8 @@
 """A real tensor-parallel capture: two processes in a gloo group on CPU, each running a
 row-parallel projection whose partial sums ``torch.distributed.all_reduce`` adds in place,
 then a residual add, under :func:`capture`. Variants: ``golden`` (float32), ``bf16``, ``weight``
-(rank 1's first weight shard off)."""
+(rank 1's first weight shard off), ``async`` (float32, the all_reduce asynchronous, waited for
+after the next op)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,20 @@ HIDDEN, TOKENS, LAYERS, RANKS = 16, 4, 2, 2
 
 
 class _Layer(torch.nn.Module):
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, asynchronous: bool) -> None:
         super().__init__()
         self.proj = torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.asynchronous = asynchronous
         with torch.no_grad():
             self.proj.weight.copy_(weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = self.proj(x)
-        dist.all_reduce(partial)  # in place: the sum over ranks
-        return x + partial
+        work = dist.all_reduce(partial, async_op=self.asynchronous)  # in place: the sum
+        doubled = x * 2  # overlaps the reduction when it is asynchronous
+        if work is not None:
+            work.wait()
+        return doubled + partial
 
 
 class _Model(torch.nn.Module):
@@ -34,7 +39,7 @@ class _Model(torch.nn.Module):
         weights = [torch.randn(HIDDEN, HIDDEN, generator=generator) * 0.2 for _ in range(LAYERS)]
         if variant == "weight" and rank == 1:
             weights[0][3, 5] += 1.0
-        self.layers = torch.nn.ModuleList(_Layer(w) for w in weights)
+        self.layers = torch.nn.ModuleList(_Layer(w, variant == "async") for w in weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:

@@ -25,11 +25,8 @@ from collections.abc import Iterable, Sequence
 from ..dump._records import Call, Record
 from ._guilt import failing_inputs, source_reason, within
 from ._outputs import OutputJudge, divergence
-from ._provenance import Provenance, fingerprint_of
+from ._provenance import ContentKey, Provenance, fingerprint_of
 from ._results import Divergence, RecordComparison, StatsComparison, is_input, layer_of
-
-#: Content identity within one rank of one dump, as :mod:`._provenance` keys it.
-_Content = tuple[int, tuple[object, ...] | None]
 
 
 class OwnGuilt:
@@ -50,8 +47,8 @@ class OwnGuilt:
         self._target_calls = target_calls
         self._golden_only = golden_only
         #: built on first use: a clean shard never needs them
-        self._producers: dict[_Content, set[tuple[int, str]]] | None = None
-        self._golden_only_producers: dict[_Content, set[tuple[int, str]]] = {}
+        self._producers: dict[ContentKey, set[tuple[int, str]]] | None = None
+        self._golden_only_producers: dict[ContentKey, set[tuple[int, str]]] = {}
         self._layers: dict[tuple[int, int], set[str]] | None = None
 
     def in_shard(self) -> ShardJudge:
@@ -91,10 +88,9 @@ class ShardJudge:
     def __init__(self, own: OwnGuilt) -> None:
         self.own = own
         self.outputs = own.outputs
-        self.provenance = own.provenance
         #: (module path, level) of the calls judged so far: their weights' error level and,
         #: where their inputs matched exactly, their outputs' (the rounding born inside them)
-        self._inside: list[tuple[str, float]] = []
+        self._levels: list[tuple[str, float]] = []
         #: the modules of the calls convicted so far: a module around one repeats its guilt
         self._convicted: list[str] = []
 
@@ -115,7 +111,7 @@ class ShardJudge:
         for r in compared:
             if r.slot.startswith("parameters") and r.failed:
                 return divergence(
-                    target, golden, "source", source_reason(self.provenance, r, None), r
+                    target, golden, "source", source_reason(self.own.provenance, r, None), r
                 )
         inputs = [r for r in compared if is_input(r.slot)]
         found = self._source(golden, target, inputs)
@@ -153,20 +149,21 @@ class ShardJudge:
         path = target.module or ""
         if any(within(m, path) for m in self._convicted):
             return None  # a call inside it is guilty already
-        inside = max((level for m, level in self._inside if within(m, path)), default=0.0)
+        inside = max((level for m, level in self._levels if within(m, path)), default=0.0)
         if max(_weights(compared), inside) > 0.0:
             return None
         return self.outputs.judge_clean_inputs(golden, target, failing)
 
     def _remember(self, target: Call, compared: list[RecordComparison]) -> None:
         """What the walk would count inside the modules around ``target``: its weights' error,
-        and its outputs' where its inputs matched (more than the walk counts: never less)."""
+        and its outputs' where its inputs matched. Matching statistics count as matching here,
+        unlike in :func:`_exact`: this must count at least what the walk counts, never less."""
         level = _weights(compared)
         if all(r.error_level == 0.0 for r in compared if is_input(r.slot)):
             outputs = [r.error_level for r in compared if r.slot.startswith("output")]
             level = max([level, *outputs])
         if level != 0.0:
-            self._inside.append((target.module or "", level))
+            self._levels.append((target.module or "", level))
 
     def _source(
         self, golden: Call, target: Call, inputs: list[RecordComparison]
@@ -180,10 +177,10 @@ class ShardJudge:
             return None
         for r, record, golden_record in failing_inputs(golden, target, inputs):
             if not record.is_tensor or (
-                self.provenance.op_level
+                self.own.provenance.op_level
                 and self.own.from_nowhere(golden, target, record, golden_record)
             ):
-                reason = source_reason(self.provenance, r, record)
+                reason = source_reason(self.own.provenance, r, record)
                 return divergence(target, golden, "source", reason, r)
         return None
 
@@ -199,10 +196,10 @@ def _weights(compared: list[RecordComparison]) -> float:
     return max((r.error_level for r in compared if r.slot.startswith("parameters")), default=0.0)
 
 
-def _producers(calls: Iterable[Call]) -> dict[_Content, set[tuple[int, str]]]:
+def _producers(calls: Iterable[Call]) -> dict[ContentKey, set[tuple[int, str]]]:
     """The calls, as (step, name), that put out each content, by (rank, content) where the
     content is known."""
-    out: dict[_Content, set[tuple[int, str]]] = {}
+    out: dict[ContentKey, set[tuple[int, str]]] = {}
     for call in calls:
         for r in call.outputs:
             if (fingerprint := fingerprint_of(r)) is not None:

@@ -15,8 +15,8 @@ from ..dump._records import Call, Record
 from ..numerics._stats import TensorStats
 from ._results import RecordComparison, StatsComparison, is_input
 
-#: Content identity within one rank of one dump.
-_Key = tuple[int, tuple[object, ...] | None]
+#: Content identity within one rank of one dump: (rank, fingerprint).
+ContentKey = tuple[int, tuple[object, ...] | None]
 
 #: Ops that allocate memory without writing it.
 ALLOCATIONS = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
@@ -31,15 +31,15 @@ class Provenance:
     def __init__(self, target_calls: Sequence[Call]) -> None:
         #: ops are recorded, not only modules: a module's output is then its last op's
         self.op_level = any(c.kind != "Module" for c in target_calls)
-        self.produced: dict[_Key, list[RecordComparison]] = {}
-        self.golden_produced: dict[_Key, set[tuple[str, str]]] = {}
+        self.produced: dict[ContentKey, list[RecordComparison]] = {}
+        self.golden_produced: dict[ContentKey, set[tuple[str, str]]] = {}
         #: calls only the golden makes: name -> the module it runs in
         self.golden_only: dict[str, str | None] = {}
         #: outputs of calls only the target makes: content -> (call name, module it runs in)
-        self.unmatched_outputs: dict[_Key, tuple[str, str | None]] = {}
+        self.unmatched_outputs: dict[ContentKey, tuple[str, str | None]] = {}
         #: statistics-only contents whose statistics matched while their producer's inputs or
         #: outputs drifted: the error level they inherit (four statistics miss a permutation)
-        self.inherited: dict[_Key, float] = {}
+        self.inherited: dict[ContentKey, float] = {}
         #: the module parameters of the target by content, to name the weight an op received
         self.parameters = {
             (c.rank, fingerprint): join(c.module, r.slot.removeprefix("parameters."))
@@ -181,7 +181,7 @@ def uninitialized_inputs(
     before them (content an allocation returned is not data until something writes it).
     ``walks``: the aligned walks in step order. From the dumps' metadata alone, so that every
     call pair compares the same wherever it is compared."""
-    allocated: set[_Key] = set()
+    allocated: set[ContentKey] = set()
     out: set[tuple[int, int, str, str]] = set()
     for walk in walks:
         for golden, target in walk:

@@ -309,15 +309,16 @@ class Capture:
     ) -> None:
         """A c10d collective writes an argument in place and bumps no version counter: what was
         recorded of it before is stale. Its output is that argument after the call, as msprobe
-        records it; an asynchronous call (it returns a work handle) may not have written it
-        yet, so nothing is recorded then, and its next reader records what it finds."""
+        records it. An asynchronous call (``async_op=True``) is waited for first: its result
+        is recorded, at the cost of the overlap (waiting again later is a no-op)."""
+        if callable(wait := getattr(output, "wait", None)):
+            wait()
         written = [args[i] if i < len(args) else kwargs.get(n) for i, n in info.mutated]
         tensors = [v for w in written for _, v in output_leaves(w) if isinstance(v, torch.Tensor)]
         self._uninitialized.written(tensors)
         for t in tensors:
             self._recorded.forget(t)
-        if output is None:
-            self._record_values(head, output_leaves(written[0]))
+        self._record_values(head, output_leaves(written[0]))
 
     def _record_values(self, head: _Head, leaves: list[tuple[str, Any]]) -> None:
         writer = self._writer

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def tp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tp")
-    return {variant: capture_tp(root, variant) for variant in ("golden", "bf16", "weight")}
+    variants = ("golden", "bf16", "weight", "async")
+    return {variant: capture_tp(root, variant) for variant in variants}
 
 
 def test_collectives_are_named_with_the_argument_they_write() -> None:
@@ -43,10 +44,12 @@ def test_collectives_are_named_with_the_argument_they_write() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", ["golden", "async"])
 def test_the_reduced_tensor_is_the_collectives_output_and_its_readers_input(
-    tp: dict[str, Path],
+    tp: dict[str, Path], variant: str
 ) -> None:
-    dump = load_dump(tp["golden"])
+    """Also when the all_reduce is asynchronous: capture waits for it, then records."""
+    dump = load_dump(tp[variant])
     partials, reduced, added = {}, {}, {}
     for call in dump.calls:
         if call.step == 0 and call.name.endswith(".0.forward"):

@@ -110,9 +110,17 @@ def _layer(
     _call(writer, step, block, path, None, {"output.0": y})
 
 
-def write_calls(path: Path, calls: list[tuple[int, str, str | None, dict[str, Any]]]) -> Path:
-    """A one-rank dump of ``calls``: (step, name, module, {slot: tensor or plain value})."""
-    writer = DumpWriter(path, rank=0, world_size=1, info={"level": "mix"}, background=False)
+def write_calls(
+    path: Path,
+    calls: list[tuple[int, str, str | None, dict[str, Any]]],
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Path:
+    """Rank ``rank``'s dump of ``calls``: (step, name, module, {slot: tensor or plain value})."""
+    writer = DumpWriter(
+        path, rank=rank, world_size=world_size, info={"level": "mix"}, background=False
+    )
     writer.start()
     for step, name, module, slots in calls:
         _call(writer, step, name, module, None, slots)

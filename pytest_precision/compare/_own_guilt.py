@@ -20,6 +20,7 @@ shard, and a bug fails the shards that hold it, not every shard downstream of it
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 from ..dump._records import Call, Record
@@ -67,6 +68,14 @@ class OwnGuilt:
         others = self._producers.get((target.rank, fingerprint_of(record)), set())
         lost = (golden.rank, fingerprint_of(golden_record)) in self._golden_only_producers
         return others <= {(target.step, target.name)} and not lost  # x.to(x.dtype) is x
+
+    @functools.cached_property
+    def hidden_collectives(self) -> bool:
+        """Several ranks and no collective recorded (a module-level dump of a tensor-parallel
+        run): a module's output may hold what an all_reduce inside it gathered from the
+        other ranks."""
+        ranks = {c.rank for c in self._target_calls}
+        return len(ranks) > 1 and not any(c.collective for c in self._target_calls)
 
     def holds_other_shards(self, module: Call) -> bool:
         """The module holds a decoder layer (other than its own) that its rank ran at its
@@ -139,10 +148,12 @@ class ShardJudge:
         """The walk's rule for a module with clean inputs, where the shard holds what it
         needs: the first decode step (the walk also counts weights and rounding inside the
         module at earlier steps), a module holding no layer (its insides would lie in other
-        shards), tensor data (matching statistics may inherit drift)."""
+        shards), tensor data (matching statistics may inherit drift), no other rank's error
+        hidden in it (a collective the dump does not record)."""
         if (
             target.step != self.own.first_step
             or not all(_exact(r) for r in inputs)
+            or self.own.hidden_collectives
             or self.own.holds_other_shards(target)
         ):
             return None

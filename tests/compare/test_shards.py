@@ -150,6 +150,32 @@ def test_a_collective_by_any_name_carries_a_ranks_error_to_the_others(
     assert {(c.rank, c.name) for c in culprits} == {(1, "Functional.linear.0.forward")}
 
 
+def test_a_module_level_tp_dump_fails_only_the_rank_that_made_the_error(tmp_path: Path) -> None:
+    """No collective recorded (a module-level dump): rank 0's layer receives exactly the
+    golden's inputs and weights and puts out the error rank 1's wrong weight fed the
+    all_reduce hidden inside it. No shard of rank 0 may be blamed for it."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, generator=generator)
+    weights = [torch.randn(8, 8, generator=generator) * 0.3 for _ in range(2)]
+    wrong = [weights[0], weights[1].clone()]
+    wrong[1][3, 5] += 1.0
+
+    def write(path: Path, ws: list[torch.Tensor]) -> Path:
+        partials = [x @ w.T for w in ws]
+        y = x + partials[0] + partials[1]
+        for rank in (0, 1):
+            calls = [
+                (0, "Module.layers.0.proj.Linear.forward.0", "layers.0.proj",
+                 {"input.0": x, "parameters.weight": ws[rank], "output.0": partials[rank]}),
+                (0, "Module.layers.0.Block.forward.0", "layers.0", {"input.0": x, "output.0": y}),
+            ]  # fmt: skip
+            write_calls(path, calls, rank=rank, world_size=2)
+        return path
+
+    _, culprits = judged_in_shards(write(tmp_path / "g", weights), write(tmp_path / "t", wrong))
+    assert {(c.rank, c.name) for c in culprits} == {(1, "Module.layers.0.proj.Linear.forward.0")}
+
+
 def test_a_token_that_noise_flipped_fails_no_later_shard(tmp_path: Path) -> None:
     """bf16 against fp32: rounding fails records at step 0 (the rerun clears them); at step 1
     generation took another token, and a call takes a Python int derived from the token ids

@@ -44,6 +44,8 @@ class GuiltJudge:
         #: steps in which some record failed (a later step's new token ids are then no source)
         self.failing_steps: set[int] = set()
         self.first_step = min((c.step for c in target_calls), default=0)
+        #: a module with clean inputs may hold other ranks' error: only a weak culprit then
+        self.hidden_collectives = hides_collectives(target_calls)
         #: inputs that came out of code only one run has, by (rank, step, module path): judged
         #: by what leaves that module
         self.pending: dict[tuple[int, int, str], _Suspicion] = {}
@@ -118,9 +120,12 @@ class GuiltJudge:
             path = path.rpartition(".")[0] if path else None
 
     def _found(self, found: Divergence | None) -> None:
-        if found is not None and found.cause in _WEAK:
+        if found is None:
+            return
+        hidden = self.hidden_collectives and found.rule == "module with clean inputs"
+        if found.cause in _WEAK or hidden:
             self.weak = self.weak or found
-        elif found is not None and self.strong is None:
+        elif self.strong is None:
             self.strong = found
 
     def _settle(self, key: tuple[int, int, str], outputs: list[RecordComparison] | None) -> None:
@@ -313,6 +318,13 @@ class GuiltJudge:
             and target.step > self.first_step
             and any(step < target.step for step in self.failing_steps)
         )
+
+
+def hides_collectives(calls: Sequence[Call]) -> bool:
+    """Several ranks and no collective recorded (a module-level dump of a tensor-parallel
+    run): a module's output may hold what an all_reduce inside it gathered from the other
+    ranks, so its clean inputs do not prove the error was made there."""
+    return len({c.rank for c in calls}) > 1 and not any(c.collective for c in calls)
 
 
 def failing_inputs(

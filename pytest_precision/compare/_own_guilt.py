@@ -24,7 +24,7 @@ import functools
 from collections.abc import Iterable, Sequence
 
 from ..dump._records import Call, Record
-from ._guilt import failing_inputs, source_reason, within
+from ._guilt import failing_inputs, hides_collectives, source_reason, within
 from ._outputs import OutputJudge, divergence
 from ._provenance import ContentKey, Provenance, fingerprint_of
 from ._results import Divergence, RecordComparison, StatsComparison, is_input, layer_of
@@ -71,11 +71,8 @@ class OwnGuilt:
 
     @functools.cached_property
     def hidden_collectives(self) -> bool:
-        """Several ranks and no collective recorded (a module-level dump of a tensor-parallel
-        run): a module's output may hold what an all_reduce inside it gathered from the
-        other ranks."""
-        ranks = {c.rank for c in self._target_calls}
-        return len(ranks) > 1 and not any(c.collective for c in self._target_calls)
+        """A module's output may hold other ranks' error (see :func:`hides_collectives`)."""
+        return hides_collectives(self._target_calls)
 
     def holds_other_shards(self, module: Call) -> bool:
         """The module holds a decoder layer (other than its own) that its rank ran at its

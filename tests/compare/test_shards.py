@@ -153,7 +153,7 @@ def test_a_collective_by_any_name_carries_a_ranks_error_to_the_others(
 def test_a_module_level_tp_dump_fails_only_the_rank_that_made_the_error(tmp_path: Path) -> None:
     """No collective recorded (a module-level dump): rank 0's layer receives exactly the
     golden's inputs and weights and puts out the error rank 1's wrong weight fed the
-    all_reduce hidden inside it. No shard of rank 0 may be blamed for it."""
+    all_reduce hidden inside it. Neither rank 0's shard nor the walk may blame rank 0."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, 8, generator=generator)
     weights = [torch.randn(8, 8, generator=generator) * 0.3 for _ in range(2)]
@@ -172,8 +172,14 @@ def test_a_module_level_tp_dump_fails_only_the_rank_that_made_the_error(tmp_path
             write_calls(path, calls, rank=rank, world_size=2)
         return path
 
-    _, culprits = judged_in_shards(write(tmp_path / "g", weights), write(tmp_path / "t", wrong))
+    result, culprits = judged_in_shards(
+        write(tmp_path / "g", weights), write(tmp_path / "t", wrong)
+    )
     assert {(c.rank, c.name) for c in culprits} == {(1, "Module.layers.0.proj.Linear.forward.0")}
+    # the walk holds rank 0's layer as a weak culprit only: rank 1's weight, found after, wins
+    found = result.first_divergence
+    assert found is not None
+    assert (found.rank, found.cause) == (1, "source"), found.reason
 
 
 def test_a_token_that_noise_flipped_fails_no_later_shard(tmp_path: Path) -> None:

@@ -1,11 +1,19 @@
 """A real tensor-parallel capture: two processes in a gloo group on CPU, each running a
 row-parallel projection whose partial sums ``torch.distributed.all_reduce`` adds in place,
-then a residual add, under :func:`capture`. Variants: ``golden`` (float32), ``bf16``, ``weight``
-(rank 1's first weight shard off), ``async`` (float32, the all_reduce asynchronous, waited for
-after the next op)."""
+then a residual add, under :func:`capture`. Variants:
+
+- ``golden`` (float32), ``bf16``, ``weight`` (rank 1's first weight shard off);
+- ``async``: the all_reduce asynchronous, waited for after the next op;
+- ``excluded``: ``exclude=["Distributed.*"]``, the all_reduce not recorded;
+- ``detach``: the partial sum read through ``.detach()`` (no ``_base``) before and after;
+- ``p2p``: the ranks then swap the reduced tensor with ``irecv`` / ``isend`` (async);
+- ``driver``: a second decode step whose input rank 0 broadcasts outside the forward.
+
+A rank that hangs is killed after two minutes, so a hang fails the test instead of the run."""
 
 from __future__ import annotations
 
+import faulthandler
 from pathlib import Path
 
 import torch
@@ -16,20 +24,30 @@ HIDDEN, TOKENS, LAYERS, RANKS = 16, 4, 2, 2
 
 
 class _Layer(torch.nn.Module):
-    def __init__(self, weight: torch.Tensor, asynchronous: bool) -> None:
+    def __init__(self, weight: torch.Tensor, variant: str) -> None:
         super().__init__()
         self.proj = torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
-        self.asynchronous = asynchronous
+        self.variant = variant
         with torch.no_grad():
             self.proj.weight.copy_(weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = self.proj(x)
-        work = dist.all_reduce(partial, async_op=self.asynchronous)  # in place: the sum
+        alias = partial
+        if self.variant == "detach":
+            alias = partial.detach()  # shares storage and version counter, has no ``_base``
+            alias.mul(1.0)  # records the partial sum through the alias, before the reduction
+        work = dist.all_reduce(partial, async_op=self.variant == "async")  # in place: the sum
         doubled = x * 2  # overlaps the reduction when it is asynchronous
         if work is not None:
             work.wait()
-        return doubled + partial
+        if self.variant == "p2p":
+            other, peer = torch.zeros_like(partial), 1 - dist.get_rank()
+            received = dist.irecv(other, src=peer)
+            dist.isend(partial.clone(), dst=peer).wait()
+            received.wait()
+            return doubled + other
+        return doubled + alias
 
 
 class _Model(torch.nn.Module):
@@ -39,7 +57,7 @@ class _Model(torch.nn.Module):
         weights = [torch.randn(HIDDEN, HIDDEN, generator=generator) * 0.2 for _ in range(LAYERS)]
         if variant == "weight" and rank == 1:
             weights[0][3, 5] += 1.0
-        self.layers = torch.nn.ModuleList(_Layer(w, variant == "async") for w in weights)
+        self.layers = torch.nn.ModuleList(_Layer(w, variant) for w in weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -50,18 +68,26 @@ class _Model(torch.nn.Module):
 def _rank(rank: int, root: str, variant: str) -> None:
     from pytest_precision import capture
 
+    faulthandler.dump_traceback_later(120, exit=True)
     dist.init_process_group(
         "gloo", init_method=f"file://{root}/{variant}.store", rank=rank, world_size=RANKS
     )
     try:
         model = _Model(rank, variant).eval()
-        x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(7))
+        x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(7 + rank))
         if variant == "bf16":
             model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
-        with torch.no_grad(), capture(model, Path(root) / variant, mode="tensor", level="mix"):
+        exclude = ["Distributed.*"] if variant == "excluded" else None
+        path = Path(root) / variant
+        with torch.no_grad(), capture(model, path, level="mix", exclude=exclude) as cap:
             model(x)
+            if variant == "driver":
+                dist.broadcast(x, src=0)  # outside the forward, in place: rank 0's input
+                cap.step()
+                model(x)
     finally:
         dist.destroy_process_group()
+        faulthandler.cancel_dump_traceback_later()
 
 
 def capture_tp(root: Path, variant: str) -> Path:

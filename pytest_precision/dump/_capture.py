@@ -29,7 +29,7 @@ from .._errors import PrecisionInputError, PrecisionWarning
 from ..numerics._dtypes import dtype_name
 from ._leaves import has_tensor, input_leaves, output_leaves
 from ._native import encode_value, json_members, json_text
-from ._op_names import OpInfo, op_info
+from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
 from ._recorded import RecordedTensors
 from ._uninitialized import UninitializedMemory
 from ._writer import DumpWriter, summarize
@@ -102,10 +102,11 @@ class _OpMode(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         capture = self.capture
-        # Our own work, or a call outside the model's forward.
-        if capture._busy or not capture._stack or not capture._recording:
+        if capture._busy:  # our own work
             return func(*args, **kwargs)
         info = op_info(func)
+        if not capture._stack or not capture._recording:  # outside the recorded forwards
+            return capture._unrecorded(info, func, args, kwargs)
         if info.metadata:
             output = func(*args, **kwargs)
             if has_tensor(output):  # a property such as .T
@@ -116,7 +117,7 @@ class _OpMode(TorchFunctionMode):
             return output
         head = capture._op_head(info)
         if head is None:
-            return func(*args, **kwargs)
+            return capture._unrecorded(info, func, args, kwargs)
         if info.kind == "Custom":
             capture._uninitialized.handles(args)
         capture._record_values(head, input_leaves(args, kwargs))  # before the call: in-place ops
@@ -307,18 +308,39 @@ class Capture:
         kwargs: dict[str, Any],
         output: Any,
     ) -> None:
-        """A c10d collective writes an argument in place and bumps no version counter: what was
-        recorded of it before is stale. Its output is that argument after the call, as msprobe
-        records it. An asynchronous call (``async_op=True``) is waited for first: its result
-        is recorded, at the cost of the overlap (waiting again later is a no-op)."""
+        """A c10d collective writes an argument in place, and may bump no version counter
+        (``all_reduce``, ``broadcast`` do not): what was recorded of it before is stale. Its
+        output is that argument after the call, as msprobe records it. An asynchronous
+        collective (``async_op=True``) is waited for first, at the cost of its overlap (its
+        work handle may be waited for again); an asynchronous receive is not (waiting twice
+        for it hangs on gloo) and records no output: its reader records what it finds."""
+        written = self._written_by(info, args, kwargs)
         if callable(wait := getattr(output, "wait", None)):
+            if info.op not in WAITED_COLLECTIVES:
+                return
             wait()
+        self._record_values(head, output_leaves(written[0]))
+
+    def _unrecorded(
+        self, info: OpInfo, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """A call not recorded (filtered out, outside the forward, a step not kept). A
+        collective among them still writes its argument behind the version counter's back:
+        what was recorded of it is forgotten all the same."""
+        output = func(*args, **kwargs)
+        if info.kind == "Distributed" and info.mutated:
+            self._written_by(info, args, kwargs)
+        return output
+
+    def _written_by(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """The arguments a collective wrote (``info.mutated``): their memory now holds data,
+        and nothing recorded of it before is current."""
         written = [args[i] if i < len(args) else kwargs.get(n) for i, n in info.mutated]
         tensors = [v for w in written for _, v in output_leaves(w) if isinstance(v, torch.Tensor)]
         self._uninitialized.written(tensors)
         for t in tensors:
             self._recorded.forget(t)
-        self._record_values(head, output_leaves(written[0]))
+        return written
 
     def _record_values(self, head: _Head, leaves: list[tuple[str, Any]]) -> None:
         writer = self._writer

@@ -124,7 +124,18 @@ def _collective_writes(func: Any) -> tuple[tuple[int, str], ...]:
 
 
 #: c10d calls that write no tensor argument.
-_SENDS = frozenset({"send", "isend", "barrier", "monitored_barrier", "batch_isend_irecv"})
+_SENDS = frozenset({"send", "isend"})
+
+#: c10d collectives whose asynchronous work handle capture may wait for before the model does
+#: (waiting twice is harmless for them, not for point-to-point receives: it hangs on gloo).
+#: torch 2.13 names two of them by their inner function (``all_gather_single``).
+# fmt: off
+WAITED_COLLECTIVES = frozenset({
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+    "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "all_to_all", "all_to_all_single", "gather", "scatter",
+})
+# fmt: on
 
 
 _classify_cached = functools.lru_cache(maxsize=4096)(_classify)

@@ -37,6 +37,14 @@ def _base(t: torch.Tensor) -> torch.Tensor:
     return t if base is None else base
 
 
+def _storage(t: torch.Tensor | None) -> int:
+    """Where ``t``'s storage starts; 0 when it has none to tell."""
+    try:
+        return 0 if t is None else t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a wrapper subclass without storage
+        return 0
+
+
 class RecordedTensors:
     """Record keys of tensors by geometry, valid while their base is unchanged."""
 
@@ -90,12 +98,13 @@ class RecordedTensors:
 
     def forget(self, t: torch.Tensor) -> None:
         """``t`` was written without bumping its version counter (a ``torch.distributed``
-        collective writes in place): nothing recorded of its base, through any view, is
-        current."""
-        base = _base(t)
-        known = self._bases.get(id(base))
-        if known is not None and known[0]() is base:
-            self._drop(id(base), known[0])
+        collective writes in place): nothing recorded of its memory is current, through any
+        view of its base or any tensor sharing its storage (``.detach()`` has no base)."""
+        storage = _storage(t)
+        for ident, (ref, _) in list(self._bases.items()):
+            base = ref()
+            if base is t or base is _base(t) or (storage and _storage(base) == storage):
+                self._drop(ident, ref)
 
     def _died(self, ident: int) -> Callable[[Any], None]:
         def died(ref: Any) -> None:

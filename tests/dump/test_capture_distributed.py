@@ -26,43 +26,54 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def tp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tp")
-    variants = ("golden", "bf16", "weight", "async")
+    variants = ("golden", "bf16", "weight", "async", "excluded", "detach", "p2p", "driver")
     return {variant: capture_tp(root, variant) for variant in variants}
 
 
 def test_collectives_are_named_with_the_argument_they_write() -> None:
-    import torch.distributed._functional_collectives as functional
-
     reduce = op_info(dist.all_reduce)
     assert (reduce.api, reduce.mutated) == ("Distributed.all_reduce", ((0, "tensor"),))
     assert op_info(dist.all_gather_into_tensor).mutated == ((0, "output_tensor"),)
     assert op_info(dist.gather).mutated == ((1, "gather_list"),)
+    assert op_info(dist.irecv).mutated == ((0, "tensor"),)
     assert op_info(dist.send).mutated == ()
-    assert op_info(dist.barrier).mutated == ()
-    out_of_place = op_info(functional.all_reduce)  # returns a new tensor: recorded as any op
-    assert (out_of_place.kind, out_of_place.mutated) == ("Distributed", ())
+
+
+def _tensors(dump: Path, name: str, slot: str, step: int = 0) -> dict[int, torch.Tensor]:
+    """Each rank's recorded ``slot`` of the call ``name`` at ``step``."""
+    return {
+        r.rank: r.load()
+        for r in load_dump(dump)
+        if (r.name, r.slot, r.step) == (name, slot, step) and r.is_tensor
+    }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["golden", "async"])
-def test_the_reduced_tensor_is_the_collectives_output_and_its_readers_input(
-    tp: dict[str, Path], variant: str
-) -> None:
-    """Also when the all_reduce is asynchronous: capture waits for it, then records."""
-    dump = load_dump(tp[variant])
-    partials, reduced, added = {}, {}, {}
-    for call in dump.calls:
-        if call.step == 0 and call.name.endswith(".0.forward"):
-            data = {r.slot: r.load() for r in call.records if r.is_tensor}
-            if call.name == "Distributed.all_reduce.0.forward":
-                assert call.kind == "Distributed"
-                partials[call.rank], reduced[call.rank] = data["input.0"], data["output.0"]
-            elif call.name == "Tensor.add.0.forward":
-                added[call.rank] = data["input.1"]
-    total = partials[0] + partials[1]
+@pytest.mark.parametrize("variant", ["golden", "async", "excluded", "detach", "p2p"])
+def test_the_reduced_tensor_is_what_the_next_op_reads(tp: dict[str, Path], variant: str) -> None:
+    """Synchronous or asynchronous (capture waits for it), recorded or filtered out, read
+    through a detached alias, or sent to the other rank by an asynchronous receive: the op
+    after the all_reduce reads the sum of the ranks' partial sums, never a record made before
+    the collective wrote it."""
+    partials = _tensors(tp[variant], "Functional.linear.0.forward", "output.0")
+    read = _tensors(tp[variant], "Tensor.add.0.forward", "input.1")
     for rank in (0, 1):
-        torch.testing.assert_close(reduced[rank], total)
-        assert torch.equal(added[rank], reduced[rank])  # not the partial recorded before
+        torch.testing.assert_close(read[rank], partials[0] + partials[1])
+    if variant != "excluded":
+        reduced = _tensors(tp[variant], "Distributed.all_reduce.0.forward", "output.0")
+        assert all(torch.equal(reduced[rank], read[rank]) for rank in (0, 1))
+
+
+@pytest.mark.slow
+def test_a_broadcast_outside_the_forward_gives_the_next_step_its_data(
+    tp: dict[str, Path],
+) -> None:
+    """Between two decode steps rank 0 broadcasts its input to rank 1, in place, outside any
+    recorded forward: rank 1's step-1 input is rank 0's, not its own step-0 record."""
+    step0 = _tensors(tp["driver"], "Module._Model.forward.0", "input.0")
+    step1 = _tensors(tp["driver"], "Module._Model.forward.0", "input.0", step=1)
+    assert not torch.equal(step0[0], step0[1])
+    assert torch.equal(step1[1], step0[0])
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ then a residual add, under :func:`capture`. Variants:
 - ``excluded``: ``exclude=["Distributed.*"]``, the all_reduce not recorded;
 - ``detach``: the partial sum read through ``.detach()`` (no ``_base``) before and after;
 - ``p2p``: the ranks then swap the reduced tensor with ``irecv`` / ``isend`` (async);
+- ``funcol``: the functional all_reduce (``torch.ops._c10d_functional``), then ``wait_tensor``;
 - ``driver``: a second decode step whose input rank 0 broadcasts outside the forward.
 
 A rank that hangs is killed after two minutes, so a hang fails the test instead of the run."""
@@ -37,6 +38,11 @@ class _Layer(torch.nn.Module):
         if self.variant == "detach":
             alias = partial.detach()  # shares storage and version counter, has no ``_base``
             alias.mul(1.0)  # records the partial sum through the alias, before the reduction
+        if self.variant == "funcol":  # out of place; the result arrives at wait_tensor
+            functional = torch.ops._c10d_functional
+            reduced = functional.all_reduce(partial, "sum", dist.group.WORLD.group_name)
+            doubled = x * 2
+            return doubled + functional.wait_tensor(reduced)
         work = dist.all_reduce(partial, async_op=self.variant == "async")  # in place: the sum
         doubled = x * 2  # overlaps the reduction when it is asynchronous
         if work is not None:

@@ -125,6 +125,8 @@ class _OpMode(TorchFunctionMode):
         if info.kind == "Distributed" and info.mutated:
             capture._record_collective(head, info, args, kwargs, output)
             return output
+        if info.filled_by_wait is not None:  # else its outputs are recorded before they arrive
+            _wait_for(info.filled_by_wait, output)
         capture._uninitialized.after_call(info.api, args, kwargs, output)
         capture._record_values(head, output_leaves(output))
         if info.mutated:  # out buffers of custom ops, as filled by the call
@@ -135,6 +137,15 @@ class _OpMode(TorchFunctionMode):
             capture._uninitialized.written(v for _, v in written)
             capture._record_values(head, written)
         return output
+
+
+def _wait_for(namespace: str, output: Any) -> None:
+    """Wait for a functional collective's outputs (its ``wait_tensor`` fills them; the model's
+    own ``wait_tensor`` later finds nothing left to wait for)."""
+    wait_tensor = getattr(torch.ops, namespace).wait_tensor
+    for _, value in output_leaves(output):
+        if isinstance(value, torch.Tensor):
+            wait_tensor(value)
 
 
 class Capture:

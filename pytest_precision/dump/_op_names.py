@@ -52,6 +52,14 @@ class OpInfo:
     mutated: tuple[tuple[int, str], ...] = ()
 
     @functools.cached_property
+    def filled_by_wait(self) -> str | None:
+        """For a functional collective (``torch.ops._c10d_functional.all_reduce``), the
+        namespace whose ``wait_tensor`` fills its outputs; None for every other op."""
+        namespace, _, name = self.op.partition(".")
+        functional = namespace in ("_c10d_functional", "c10d_functional")
+        return namespace if self.kind == "Custom" and functional and name != "wait_tensor" else None
+
+    @functools.cached_property
     def members(self) -> str:
         """``,"kind":...,"op":...`` of its records, encoded once."""
         return "," + json_members({"kind": self.kind, "op": self.op})

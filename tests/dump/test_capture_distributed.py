@@ -26,7 +26,17 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def tp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tp")
-    variants = ("golden", "bf16", "weight", "async", "excluded", "detach", "p2p", "driver")
+    variants = (
+        "golden",
+        "bf16",
+        "weight",
+        "async",
+        "excluded",
+        "detach",
+        "p2p",
+        "driver",
+        "funcol",
+    )
     return {variant: capture_tp(root, variant) for variant in variants}
 
 
@@ -49,18 +59,22 @@ def _tensors(dump: Path, name: str, slot: str, step: int = 0) -> dict[int, torch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["golden", "async", "excluded", "detach", "p2p"])
+@pytest.mark.parametrize("variant", ["golden", "async", "excluded", "detach", "p2p", "funcol"])
 def test_the_reduced_tensor_is_what_the_next_op_reads(tp: dict[str, Path], variant: str) -> None:
     """Synchronous or asynchronous (capture waits for it), recorded or filtered out, read
-    through a detached alias, or sent to the other rank by an asynchronous receive: the op
-    after the all_reduce reads the sum of the ranks' partial sums, never a record made before
-    the collective wrote it."""
+    through a detached alias, sent to the other rank by an asynchronous receive, or functional
+    (filled at ``wait_tensor``): the op after the all_reduce reads the sum of the ranks'
+    partial sums, never a record made before the collective wrote it."""
     partials = _tensors(tp[variant], "Functional.linear.0.forward", "output.0")
     read = _tensors(tp[variant], "Tensor.add.0.forward", "input.1")
     for rank in (0, 1):
         torch.testing.assert_close(read[rank], partials[0] + partials[1])
-    if variant != "excluded":
-        reduced = _tensors(tp[variant], "Distributed.all_reduce.0.forward", "output.0")
+    collective = {
+        "excluded": None,
+        "funcol": "Custom._c10d_functional.all_reduce.0.forward",  # recorded once it arrived
+    }.get(variant, "Distributed.all_reduce.0.forward")
+    if collective is not None:
+        reduced = _tensors(tp[variant], collective, "output.0")
         assert all(torch.equal(reduced[rank], read[rank]) for rank in (0, 1))
 
 

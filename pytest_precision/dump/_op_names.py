@@ -86,7 +86,7 @@ def _classify(func: Any) -> OpInfo:
     module = getattr(func, "__module__", None) or ""
     if module.startswith("torch.distributed.") and hasattr(func, "__name__"):
         # msprobe's name for them; what lockstep judging and the reruns know as collectives
-        name = func.__name__
+        name = _PUBLIC_NAMES.get(func.__name__, func.__name__)
         return OpInfo("Distributed", name, f"Distributed.{name}", False, _collective_writes(func))
     functional = _functional_names().get(func) if isinstance(func, Hashable) else None
     if functional is not None:
@@ -131,17 +131,22 @@ def _collective_writes(func: Any) -> tuple[tuple[int, str], ...]:
     return () if first in (None, "group") else ((0, first),)
 
 
+#: torch 2.13 renamed two collectives (the old names now call the new ones): records keep the
+#: names older torch and msprobe use, so that dumps from before and after the rename align.
+_PUBLIC_NAMES = {
+    "all_gather_single": "all_gather_into_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+}
+
 #: c10d calls that write no tensor argument.
 _SENDS = frozenset({"send", "isend"})
 
 #: c10d collectives whose asynchronous work handle capture may wait for before the model does
 #: (waiting twice is harmless for them, not for point-to-point receives: it hangs on gloo).
-#: torch 2.13 names two of them by their inner function (``all_gather_single``).
 # fmt: off
 WAITED_COLLECTIVES = frozenset({
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-    "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
-    "all_to_all", "all_to_all_single", "gather", "scatter",
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter",
 })
 # fmt: on
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from compare_helpers import judged_in_shards
 from tp_capture import capture_tp
 
-from pytest_precision import load_dump
+from pytest_precision import capture, load_dump
 from pytest_precision.dump._op_names import op_info
 
 pytestmark = pytest.mark.skipif(
@@ -47,6 +47,34 @@ def test_collectives_are_named_with_the_argument_they_write() -> None:
     assert op_info(dist.gather).mutated == ((1, "gather_list"),)
     assert op_info(dist.irecv).mutated == ((0, "tensor"),)
     assert op_info(dist.send).mutated == ()
+
+
+@pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")
+def test_renamed_collectives_keep_their_older_names(tmp_path: Path) -> None:
+    """torch 2.13 renamed ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (to
+    ``*_single``); the records keep the names older dumps and msprobe carry (a one-rank
+    group)."""
+
+    class Gathers(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            gathered, scattered = torch.empty_like(x), torch.empty_like(x)
+            dist.all_gather_into_tensor(gathered, x)
+            dist.reduce_scatter_tensor(scattered, x)
+            return gathered + scattered
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        model = Gathers()
+        with torch.no_grad(), capture(model, tmp_path / "dump", level="op"):
+            model(torch.ones(4))
+    finally:
+        dist.destroy_process_group()
+    calls = [c for c in load_dump(tmp_path / "dump").calls if c.kind == "Distributed"]
+    assert [c.name for c in calls] == [
+        "Distributed.all_gather_into_tensor.0.forward",
+        "Distributed.reduce_scatter_tensor.0.forward",
+    ]
+    assert all(torch.equal(c.outputs[0].load(), torch.ones(4)) for c in calls)
 
 
 def _tensors(dump: Path, name: str, slot: str, step: int = 0) -> dict[int, torch.Tensor]:

@@ -130,10 +130,7 @@ class _OpMode(TorchFunctionMode):
         capture._uninitialized.after_call(info.api, args, kwargs, output)
         capture._record_values(head, output_leaves(output))
         if info.mutated:  # out buffers of custom ops, as filled by the call
-            written = [
-                (f"output.{n}", args[i] if i < len(args) else kwargs.get(n))
-                for i, n in info.mutated
-            ]
+            written = [(f"output.{n}", v) for n, v in info.written(args, kwargs)]
             capture._uninitialized.written(v for _, v in written)
             capture._record_values(head, written)
         return output
@@ -346,7 +343,7 @@ class Capture:
     def _written_by(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """The arguments a collective wrote (``info.mutated``): their memory now holds data,
         and nothing recorded of it before is current."""
-        written = [args[i] if i < len(args) else kwargs.get(n) for i, n in info.mutated]
+        written = [value for _, value in info.written(args, kwargs)]
         tensors = [v for w in written for _, v in output_leaves(w) if isinstance(v, torch.Tensor)]
         self._uninitialized.written(tensors)
         for t in tensors:

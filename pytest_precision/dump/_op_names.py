@@ -51,6 +51,10 @@ class OpInfo:
     #: or the one a ``torch.distributed`` collective writes in place
     mutated: tuple[tuple[int, str], ...] = ()
 
+    def written(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+        """(name, value) of the arguments a call of it writes (``mutated``)."""
+        return [(n, args[i] if i < len(args) else kwargs.get(n)) for i, n in self.mutated]
+
     @functools.cached_property
     def filled_by_wait(self) -> str | None:
         """For a functional collective (``torch.ops._c10d_functional.all_reduce``), the

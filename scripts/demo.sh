@@ -8,7 +8,7 @@ fi
 # Install only what is missing: a second run starts the demo at once.
 if ! .venv/bin/python -c "import torch, numba, pytest_precision" >/dev/null 2>&1; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q torch==2.13.0
+    bash scripts/install_cpu_torch.sh .venv/bin/python
     .venv/bin/python -m pip install -q -e '.[fast]'
 fi
 .venv/bin/python examples/demo.py "$@"

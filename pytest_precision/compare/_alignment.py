@@ -129,7 +129,7 @@ def lockstep(walks: list[list[tuple[Call | None, Call]]]) -> Iterator[tuple[Walk
         for e in epochs:
             if k < len(e) and e[k][0]:
                 yield e[k][0], False
-        together = [pair for e in epochs if k < len(e) and (pair := e[k][1]) is not None]
+        together: WalkPart = [pair for e in epochs if k < len(e) and (pair := e[k][1]) is not None]
         if together:
             yield together, True
 

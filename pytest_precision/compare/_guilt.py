@@ -278,7 +278,7 @@ class GuiltJudge:
         golden: Call,
         target: Call,
         r: RecordComparison,
-        stranger: str | None,
+        stranger: tuple[str, str | None] | None,
         lost: tuple[str, str] | None,
     ) -> None:
         """An input beyond rounding that comes out of code the two runs do not share: a bug,
@@ -286,7 +286,7 @@ class GuiltJudge:
         The module around it decides: its output differs beyond rounding, or it does not."""
         if stranger is not None:
             where = f"comes from {stranger[0]}, a call the golden does not make"
-            runs_in = stranger[1]
+            runs_in: str | None = stranger[1]
         else:
             assert lost is not None
             runs_in = self.provenance.golden_only.get(lost[0])

@@ -41,7 +41,7 @@ class Provenance:
         #: outputs drifted: the error level they inherit (four statistics miss a permutation)
         self.inherited: dict[ContentKey, float] = {}
         #: the module parameters of the target by content, to name the weight an op received
-        self.parameters = {
+        self.parameters: dict[ContentKey, str] = {
             (c.rank, fingerprint): join(c.module, r.slot.removeprefix("parameters."))
             for c in target_calls
             for r in c.parameters
@@ -146,7 +146,7 @@ class Provenance:
             own = r.error_level
             if own == 0.0 and isinstance(r.metrics, StatsComparison):
                 key = (target.rank, fingerprint_of(records.get(r.slot)))
-                own = self.inherited.get(key, 0.0)  # type: ignore[arg-type]
+                own = self.inherited.get(key, 0.0)
             level = max(level, own)
         if target.kind == "Module":
             level = max(level, self._inside(self.parameter_levels, target))

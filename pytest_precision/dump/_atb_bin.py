@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -148,7 +150,7 @@ def _describe(file: Path, fields: dict[str, str]) -> tuple[str, tuple[int, ...],
     return DTYPES[code], shape, fmt
 
 
-def _expect(file: Path, fields: dict[str, str], expected: dict[str, str | None]) -> None:
+def _expect(file: Path, fields: dict[str, str], expected: Mapping[str, str | None]) -> None:
     """Each key of ``expected`` has that value (``None``: is absent)."""
     for key, value in expected.items():
         if fields.get(key) != value:
@@ -209,7 +211,7 @@ def load_bin(header: BinHeader) -> torch.Tensor:
     np_dtype = _NUMPY[header.dtype]
     try:
         if math.prod(header.shape) == 0:
-            array = np.empty(header.shape, dtype=np_dtype)
+            array: np.ndarray[Any, Any] = np.empty(header.shape, dtype=np_dtype)
         else:
             array = np.memmap(
                 header.data_file, dtype=np_dtype, mode="c", offset=header.offset,

@@ -96,7 +96,7 @@ def _classify(func: Any) -> OpInfo:
     if functional is not None:
         return OpInfo("Functional", functional, f"Functional.{functional}", False)
     owner = getattr(func, "__self__", None)
-    if type(owner).__name__ == "getset_descriptor":  # a Tensor property such as .T or .shape
+    if owner is not None and type(owner).__name__ == "getset_descriptor":  # .T, .shape
         return OpInfo("Tensor", owner.__name__, f"Tensor.{owner.__name__}", True)
     name = getattr(func, "__name__", None) or type(func).__name__
     qualname = getattr(func, "__qualname__", "") or ""

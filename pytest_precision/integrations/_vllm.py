@@ -281,6 +281,6 @@ def capture_vllm(
         yield result
     finally:
         stopped = llm.collective_rpc(_stop_in_worker, args=(str(target),))
-        layouts = next((b for rank, b in sorted(stopped) if rank == min(ranks)), [])
+        layouts: list[Any] = next((b for rank, b in sorted(stopped) if rank == min(ranks)), [])
         atomic_write(target / BATCHES, json.dumps({"steps": layouts}, indent=1).encode())
         result.batches = load_batches(target)

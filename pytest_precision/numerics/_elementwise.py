@@ -123,8 +123,9 @@ class ChunkPass:
 
     def __init__(self, dtype: torch.dtype, device: torch.device, chunk_numel: int) -> None:
         self._ulp_offset, self._min_ulp_bits = _ulp_bits(dtype)
-        f64 = {"dtype": torch.float64, "device": device}
-        self._buffers = [torch.empty(chunk_numel, **f64) for _ in range(6)]
+        self._buffers = [
+            torch.empty(chunk_numel, dtype=torch.float64, device=device) for _ in range(6)
+        ]
         self._ulp_bits = torch.empty(chunk_numel, dtype=torch.int64, device=device)
 
     def errors(self, a: torch.Tensor, e: torch.Tensor, finite: torch.Tensor | None) -> ChunkErrors:

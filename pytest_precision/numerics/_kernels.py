@@ -51,7 +51,10 @@ PARALLEL_NUMEL = 1 << 21
 #: Work per element of a comparison, relative to statistics (measured: about 4x).
 COMPARE_COST = 4
 
-_KERNEL_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+_KERNEL_DTYPES: dict[torch.dtype, type[np.floating[Any]]] = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+}
 #: Dtypes the kernels take after a chunk-wise exact widening to float32.
 _WIDENED_DTYPES = {torch.float16, torch.bfloat16} | {
     getattr(torch, name)

@@ -27,6 +27,7 @@ from .._errors import PrecisionError
 from .._gc import paused_gc
 
 if TYPE_CHECKING:
+    from ..compare._results import DumpComparison
     from ..compare._shards import Shard, ShardedComparison
 
 PLUGIN_NAME = "precision-compare"
@@ -198,7 +199,8 @@ class ComparePlugin:
             return
         # Let the comparison go by reference counts, then give the collector back what
         # _freeze_heap took (a pytester run in the same process keeps its collector).
-        for key in (_COMPARISON_KEY, _RECEIVED_KEY, _RESULT_KEY):
+        owned: tuple[pytest.StashKey[Any], ...] = (_COMPARISON_KEY, _RECEIVED_KEY, _RESULT_KEY)
+        for key in owned:
             if key in config.stash:
                 del config.stash[key]
         gc.unfreeze()
@@ -301,6 +303,6 @@ _RECEIVED_KEY = pytest.StashKey[dict[str, str]]()
 #: xdist's controller: the thread reading the index while the workers measure
 _PREPARING_KEY = pytest.StashKey[threading.Thread]()
 _MISSING_KEY = pytest.StashKey[list["Shard"]]()
-_RESULT_KEY = pytest.StashKey["DumpComparison"]()
+_RESULT_KEY: pytest.StashKey[DumpComparison] = pytest.StashKey()
 #: what the judge measured itself (checks no shard made ahead: rare; tensors it read)
 _JUDGE_MEASURED_KEY = pytest.StashKey[int]()

@@ -123,7 +123,9 @@ def replay_op(
         )
     precision = lowest_float(call.outputs)
     overflowed = reference.overflowed
-    verdict = max((s.verdict for s in slots), key=_SEVERITY.__getitem__, default="noise")
+    verdict: ReplayVerdict = max(
+        (s.verdict for s in slots), key=_SEVERITY.__getitem__, default="noise"
+    )
     return ReplayResult(
         name=call.name,
         module=call.module,

@@ -208,4 +208,4 @@ def resolve_op(call: Call) -> Callable[..., Any]:
         raise NotReplayable(
             f"{call.name}: no {call.kind} op {call.op!r} in this torch ({torch.__version__})"
         )
-    return found  # type: ignore[no-any-return]
+    return found

@@ -159,7 +159,7 @@ def precision_environment() -> dict[str, Any]:
     import torch
 
     record = dict(environment_fingerprint())
-    libraries = {}
+    libraries: dict[str, str | None] = {}
     for name in PRECISION_LIBRARIES:
         try:
             libraries[name] = importlib.metadata.version(name.replace("_", "-"))

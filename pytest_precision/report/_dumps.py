@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._atomic import atomic_write
+from .._text import shown, spreadsheet_cell
 from ..numerics._comparison import TensorComparison
 
 if TYPE_CHECKING:
@@ -224,8 +225,9 @@ def _divergence_dict(d: Divergence | None) -> dict[str, object] | None:
 
 
 def write_dump_comparison_csv(result: DumpComparison, path: Path) -> None:
-    """One row per compared record (spreadsheet-ready), written atomically."""
-    rows = [r.to_dict() for r in result.records]
+    """One row per compared record (spreadsheet-ready), written atomically. A name from the
+    dump that starts like a formula is written as text (see :func:`spreadsheet_cell`)."""
+    rows = [{k: spreadsheet_cell(v) for k, v in r.to_dict().items()} for r in result.records]
     columns = list(dict.fromkeys(key for row in rows for key in row))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")

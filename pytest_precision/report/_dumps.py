@@ -102,10 +102,10 @@ def _unmatched(result: DumpComparison) -> str:
     for side in ("golden", "target"):
         names = [shown(u.name) for u in result.unmatched if u.side == side]
         if names:
-            shown = ", ".join(names[:_SHOWN_UNMATCHED])
+            listed = ", ".join(names[:_SHOWN_UNMATCHED])
             extra = len(names) - _SHOWN_UNMATCHED
             more = f", +{extra} more" if extra > 0 else ""
-            parts.append(f"{len(names)} only in the {side} ({shown}{more})")
+            parts.append(f"{len(names)} only in the {side} ({listed}{more})")
     return "; " + "; ".join(parts)
 
 

@@ -41,10 +41,10 @@ def _row_details(row: RowTokens) -> list[str]:
         lines.append(f"            after {row.context!r}")
     for label, top in (("golden", row.golden_top), ("target", row.target_top)):
         if top:
-            shown = ", ".join(
+            entries = ", ".join(
                 f"{e.token}{'' if e.text is None else f' {e.text!r}'} {e.logprob:.3f}" for e in top
             )
-            lines.append(f"            {label} top-{len(top)}: {shown}")
+            lines.append(f"            {label} top-{len(top)}: {entries}")
     return lines
 
 

@@ -228,11 +228,12 @@ def _divergence_dict(d: Divergence | None) -> dict[str, object] | None:
 
 def write_dump_comparison_csv(result: DumpComparison, path: Path) -> None:
     """One row per compared record (spreadsheet-ready), written atomically. A name from the
-    dump that starts like a formula is written as text (see :func:`spreadsheet_cell`)."""
+    dump that starts like a formula is written as text (see :func:`spreadsheet_cell`); rows
+    end in CRLF (RFC 4180), so that a cell holding a CR or LF is quoted and splits no row."""
     rows = [{k: spreadsheet_cell(v) for k, v in r.to_dict().items()} for r in result.records]
     columns = list(dict.fromkeys(key for row in rows for key in row))
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\r\n")
     writer.writeheader()
     writer.writerows(rows)
     atomic_write(path, buffer.getvalue().encode())

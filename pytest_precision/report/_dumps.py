@@ -73,7 +73,7 @@ def worst_calls(records: list[RecordComparison]) -> list[RecordComparison]:
 
 
 def shard_failure_text(
-    where: str, culprits: list[Divergence], records: list[RecordComparison], *, shown: int = 5
+    where: str, culprits: list[Divergence], records: list[RecordComparison], *, limit: int = 5
 ) -> str:
     """Why a shard of a distributed comparison fails: the calls its own records prove guilty.
     The first divergence is judged across every shard, once all are measured."""
@@ -83,11 +83,11 @@ def shard_failure_text(
         f"{where}: {len(culprits)} {calls} own records "
         f"({failing} of {len(records)} records fail the standard)"
     ]
-    for d in culprits[:shown]:
+    for d in culprits[:limit]:
         lines.append(f"  {shown(d.name)} [{shown(d.module or '(top level)')}]: {shown(d.rule)}")
         lines.append(f"    {_clip(shown(d.reason), 400)}")
-    if len(culprits) > shown:
-        lines.append(f"  ... {len(culprits) - shown} more guilty calls")
+    if len(culprits) > limit:
+        lines.append(f"  ... {len(culprits) - limit} more guilty calls")
     lines.append(
         "the first divergence (which may lie in an earlier shard) is judged across all shards "
         "in the session's summary"

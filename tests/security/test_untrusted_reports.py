@@ -22,6 +22,7 @@ from pytest_precision._text import shown, shown_text, spreadsheet_cell
 from pytest_precision.cli import main
 from pytest_precision.diagnosis._results import Diagnosis, DiagnosisStep
 from pytest_precision.plugin._generation import diagnosis_message
+from pytest_precision.report._dumps import shard_failure_text
 from pytest_precision.report._goldens import golden_summary_lines
 from pytest_precision.report._html import diagnosis_html, dump_comparison_html, write_html
 
@@ -239,6 +240,8 @@ def test_the_failure_messages_and_summaries_escape_names(
 ) -> None:
     result = compare_dumps(*planted)
     _assert_terminal_safe(diagnosis_message(_diagnosis(result, tmp_path)))
+    culprits = [result.first_divergence]
+    _assert_terminal_safe(shard_failure_text("step 0", culprits, result.records))  # type: ignore[list-item]
     record = {"status": "fail", "test": f"t.py::{payload}", "name": payload, "message": payload}
     _assert_terminal_safe("\n".join(golden_summary_lines([record], **_NO_GOLDEN_DIR)))
     worst = {"path": payload, "cosine": 0.5, "max_abs_err": 1.0, "max_rel_err": 1.0}

@@ -8,9 +8,11 @@ import gc
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from ._errors import PrecisionError
 from ._gc import paused_gc
+from ._text import shown_text
 from ._version import __version__
 
 
@@ -78,7 +80,7 @@ def _compare(args: argparse.Namespace) -> int:
         result = compare_dumps(golden, target, standard=args.standard, progress=progress)
         if progress is not None:
             print(file=sys.stderr)
-        print(result.report(worst=args.worst))
+        _say(result.report(worst=args.worst))
         if args.json:
             result.write_json(args.json)
         if args.csv:
@@ -125,10 +127,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
     dump = load_dump(args.dump)
     if args.pattern is None:
-        print(summarize(dump))
+        _say(summarize(dump))
     else:
         for line in list_records(dump, args.pattern):
-            print(line)
+            _say(line)
     return 0
 
 
@@ -171,7 +173,7 @@ def _replay(args: argparse.Namespace) -> int:
         replay_op(dump, args.op, device, golden=golden, step=args.step, rank=args.rank)
         for device in devices
     ]
-    print("\n\n".join(result.report() for result in results))
+    _say("\n\n".join(result.report() for result in results))
     return 0 if all(result.passed for result in results) else 1
 
 
@@ -202,7 +204,7 @@ def _export_test(args: argparse.Namespace) -> int:
         force=args.force,
     )
     for path in written:
-        print(f"wrote {path}")
+        _say(f"wrote {path}")
     return 0
 
 
@@ -231,7 +233,7 @@ def _tokens(args: argparse.Namespace) -> int:
     result = compare_tokens(
         read_token_rows(args.golden), read_token_rows(args.target), pad_id=args.pad_id
     )
-    print(tokens_text(result))
+    _say(tokens_text(result))
     return 0 if result.passed else 1
 
 
@@ -261,7 +263,7 @@ def _badcases(args: argparse.Namespace) -> int:
     from .report._output import badcases_text, write_badcases_json
 
     result = pick_badcases(args.golden, args.target, by=args.by, score_tol=args.score_tol)
-    print(badcases_text(result, limit=args.limit))
+    _say(badcases_text(result, limit=args.limit))
     if args.json:
         write_badcases_json(result, args.json)
     return 0 if result.passed else 1
@@ -344,10 +346,17 @@ def _diagnose(args: argparse.Namespace) -> int:
         out=args.out,
         devices=args.devices,
     )
-    print(diagnosis_message(result))
+    _say(diagnosis_message(result))
     if args.html:
         write_html(args.html, diagnosis_html(result))
     return 0 if result.passed else 1
+
+
+def _say(text: str, file: TextIO | None = None) -> None:
+    """Print ``text`` with any control character escaped (its line breaks and tabs kept): what
+    the commands print quotes names from dumps and files made elsewhere, which must not reach
+    the terminal as escape sequences."""
+    print(shown_text(text), file=file)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -362,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except (PrecisionError, OSError) as exc:  # OSError: an output file that cannot be written
-        print(f"pytest-precision {args.command}: error: {exc}", file=sys.stderr)
+        _say(f"pytest-precision {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
+from .._text import shown_text
 from ..numerics._assertions import Comparison, ItemComparison, compare, to_tensor
 from ..numerics._comparison import _check_pair, resolve_standard
 from ..numerics._nested import iter_leaf_pairs
@@ -287,7 +288,8 @@ class Golden:
             if env:
                 lines += ["environment differs from the run that recorded the golden:", *env]
             lines.append(self._hint("if the change is intended, re-record"))
-            raise AssertionError("\n".join(lines))
+            # keys and the recorded environment come from a golden made elsewhere
+            raise AssertionError(shown_text("\n".join(lines)))
         if comparison.verdict == "warn":
             warnings.warn(PrecisionWarning(comparison.message()), stacklevel=3)
         return comparison

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .._errors import PrecisionInputError
+from .._text import shown_text
 from ._assert import current_golden
 from ._envelope import EnvelopeRequest
 from ._golden import Golden
@@ -56,7 +57,7 @@ def check_all(golden: Golden, values: Sequence[tuple[str, Any, EnvelopeRequest]]
     head = f"{golden.test_id}: first failing golden: {first}"
     head += f" ({', '.join(passed)} passed" if passed else " (the first one checked"
     head += f"; {', '.join(others)} also fail)" if others else ")"
-    raise AssertionError("\n".join([head, message]))
+    raise AssertionError(shown_text("\n".join([head, message])))
 
 
 def assert_layers_close_to_golden(

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .._errors import PrecisionInputError, PrecisionWarning
+from .._text import shown_text
 from ._comparison import ShapeMismatch, TensorComparison, compare_tensors
 from ._details import HISTOGRAM_EDGES, ErrorDetails, error_details
 from ._dtypes import dtype_name
@@ -167,9 +168,9 @@ def assert_close(
             name=name,
         )
     except ShapeMismatch as exc:
-        raise AssertionError(str(exc)) from None
-    if not result.passed:
-        raise AssertionError(result.message())
+        raise AssertionError(shown_text(str(exc))) from None
+    if not result.passed:  # the paths in it may be keys of a golden made elsewhere
+        raise AssertionError(shown_text(result.message()))
     if result.verdict == "warn":
         warnings.warn(PrecisionWarning(result.message()), stacklevel=2)
     return result

@@ -25,6 +25,7 @@ import pytest
 
 from .._errors import PrecisionError
 from .._gc import paused_gc
+from .._text import shown_text
 
 if TYPE_CHECKING:
     from ..compare._results import DumpComparison
@@ -180,7 +181,7 @@ class ComparePlugin:
             return
         result = self.config.stash[_RESULT_KEY]
         for line in result.report().splitlines():
-            terminalreporter.write_line(line)
+            terminalreporter.write_line(shown_text(line))
         comparison = _comparison(self.config)
         found = result.first_divergence
         if found is not None:
@@ -237,7 +238,7 @@ class _ShardItem(pytest.Item):
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, (_ShardFailed, PrecisionError)):
-            return str(excinfo.value)
+            return shown_text(str(excinfo.value))
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import PrecisionError
+from .._text import shown, shown_text
 from ..diagnosis._generation import RUN_FILE, SavedRun, save_run
 from ..diagnosis._results import Diagnosis
 from ..diagnosis._workflow import diagnose as run_diagnosis
@@ -62,21 +63,22 @@ class GenerationDiffers(OutputCheckFailed):
 
 
 def diagnosis_message(d: Diagnosis) -> str:
-    """The failure message: the culprit first, then each step's finding and the files."""
+    """The failure message: the culprit first, then each step's finding and the files; names
+    from the dumps shown with their control characters escaped."""
     lines = []
     if d.divergence is not None:
         v = d.divergence
         verdict = "" if d.replay is None else f", replay verdict {d.replay.verdict}"
         lines.append(
-            f"culprit: {v.name} in {v.module or '-'} (layer {v.layer or '-'}), cause "
-            f"{v.cause}{verdict}"
+            f"culprit: {shown(v.name)} in {shown(v.module or '-')} "
+            f"(layer {shown(v.layer or '-')}), cause {v.cause}{verdict}"
         )
     else:
-        lines.append(f"the generations differ ({d.finding}); no call was localized")
-    lines += [f"  {s.name}: {s.finding}" for s in d.steps]
+        lines.append(f"the generations differ ({shown(d.finding)}); no call was localized")
+    lines += [f"  {s.name}: {shown(s.finding)}" for s in d.steps]
     lines.append(f"report: {d.report}")
     lines.append(f"exported test: {d.exported_test or '-'}")
-    return "\n".join(lines)
+    return shown_text("\n".join(lines))
 
 
 def _stored_golden(name: str) -> tuple[Path | None, bool]:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .._errors import PrecisionError, PrecisionWarning
+from .._text import shown, shown_text
 
 if TYPE_CHECKING:
     from ..dump import Dump
@@ -111,7 +112,7 @@ class ReplayCase:
             dump = self.dumps.get(self.dump)
             golden = None if self.golden is None else self.dumps.get(self.golden)
         except PrecisionError as exc:
-            pytest.fail(f"cannot replay {self.name}: {exc}", pytrace=False)
+            pytest.fail(f"cannot replay {shown(self.name)}: {shown_text(str(exc))}", pytrace=False)
         try:
             return replay_op(
                 dump,
@@ -122,7 +123,7 @@ class ReplayCase:
                 rank=self.rank,
             )
         except NotReplayable as exc:
-            pytest.skip(f"not replayable: {exc}")
+            pytest.skip(f"not replayable: {shown_text(str(exc))}")
 
     def check(self) -> ReplayResult:
         """Fail with the report on ``op-bug``; on ``context`` pass with a PrecisionWarning
@@ -154,8 +155,8 @@ def generate(metafunc: pytest.Metafunc) -> None:
     else:
         metafunc.parametrize(FIXTURE, params, ids=ids, indirect=True)
         return
-    pytest.fail(f"{test}: @pytest.mark.replay: {problem}", pytrace=False)  # not in the except:
-    # the user's mistake is the whole story, without the exception it replaced
+    # not in the except: the user's mistake is the whole story, without the exception it replaced
+    pytest.fail(f"{test}: @pytest.mark.replay: {shown_text(problem)}", pytrace=False)
 
 
 def _cases(marker: pytest.Mark, folder: Path, dumps: SessionDumps) -> tuple[list[Any], list[str]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._atomic import atomic_write
+from .._text import shown, shown_text, spreadsheet_cell
 from ..numerics._comparison import TensorComparison
 
 if TYPE_CHECKING:
@@ -22,10 +23,12 @@ _SHOWN_LAYERS = 8
 
 
 def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
-    """What was compared, the first divergence (or why there is none), the worst records."""
+    """What was compared, the first divergence (or why there is none), the worst records.
+    Every name from the dumps is shown with its control characters escaped (:func:`shown`)."""
+    golden, target = result.golden, result.target
     lines = [
-        f"golden:  {result.golden.path} ({result.golden.format}, {len(result.golden.calls)} calls)",
-        f"target:  {result.target.path} ({result.target.format}, {len(result.target.calls)} calls)",
+        f"golden:  {shown(golden.path)} ({golden.format}, {len(golden.calls)} calls)",
+        f"target:  {shown(target.path)} ({target.format}, {len(target.calls)} calls)",
         f"aligned: {result.matched_calls} calls{_unmatched(result)}",
         f"records: {len(result.records)} compared: "
         + ", ".join(f"{n} {status}" for status, n in result.counts().items()),
@@ -35,12 +38,12 @@ def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
     lines += _divergence_lines(divergence) if divergence else [_no_divergence(result)]
     if result.inputs_diverged is not None:
         d = result.inputs_diverged
-        lines.append(f"inputs diverged: {_clip(d.reason)}")
+        lines.append(f"inputs diverged: {_clip(shown(d.reason))}")
     failing = worst_calls(result.records)
     if failing and worst > 0:
         lines.append(f"worst calls ({min(worst, len(failing))} of {len(failing)} with failures):")
         lines += [f"  {_record_line(r)}" for r in failing[:worst]]
-    return "\n".join(lines)
+    return shown_text("\n".join(lines))
 
 
 def _incomplete(result: DumpComparison) -> list[str]:
@@ -70,7 +73,7 @@ def worst_calls(records: list[RecordComparison]) -> list[RecordComparison]:
 
 
 def shard_failure_text(
-    where: str, culprits: list[Divergence], records: list[RecordComparison], *, shown: int = 5
+    where: str, culprits: list[Divergence], records: list[RecordComparison], *, limit: int = 5
 ) -> str:
     """Why a shard of a distributed comparison fails: the calls its own records prove guilty.
     The first divergence is judged across every shard, once all are measured."""
@@ -80,16 +83,16 @@ def shard_failure_text(
         f"{where}: {len(culprits)} {calls} own records "
         f"({failing} of {len(records)} records fail the standard)"
     ]
-    for d in culprits[:shown]:
-        lines.append(f"  {d.name} [{d.module or '(top level)'}]: {d.rule}")
-        lines.append(f"    {_clip(d.reason, 400)}")
-    if len(culprits) > shown:
-        lines.append(f"  ... {len(culprits) - shown} more guilty calls")
+    for d in culprits[:limit]:
+        lines.append(f"  {shown(d.name)} [{shown(d.module or '(top level)')}]: {shown(d.rule)}")
+        lines.append(f"    {_clip(shown(d.reason), 400)}")
+    if len(culprits) > limit:
+        lines.append(f"  ... {len(culprits) - limit} more guilty calls")
     lines.append(
         "the first divergence (which may lie in an earlier shard) is judged across all shards "
         "in the session's summary"
     )
-    return "\n".join(lines)
+    return shown_text("\n".join(lines))
 
 
 def _unmatched(result: DumpComparison) -> str:
@@ -97,23 +100,23 @@ def _unmatched(result: DumpComparison) -> str:
         return ""
     parts = []
     for side in ("golden", "target"):
-        names = [u.name for u in result.unmatched if u.side == side]
+        names = [shown(u.name) for u in result.unmatched if u.side == side]
         if names:
-            shown = ", ".join(names[:_SHOWN_UNMATCHED])
+            listed = ", ".join(names[:_SHOWN_UNMATCHED])
             extra = len(names) - _SHOWN_UNMATCHED
             more = f", +{extra} more" if extra > 0 else ""
-            parts.append(f"{len(names)} only in the {side} ({shown}{more})")
+            parts.append(f"{len(names)} only in the {side} ({listed}{more})")
     return "; " + "; ".join(parts)
 
 
 def _divergence_lines(d: Divergence) -> list[str]:
     where = f"step {d.step} rank {d.rank}"
-    renamed = "" if d.golden_name == d.name else f" (golden: {d.golden_name})"
+    renamed = "" if d.golden_name == d.name else f" (golden: {shown(d.golden_name)})"
     lines = [
-        f"first divergence: {d.name}{renamed}, {where}",
-        f"  module: {d.module or '(top level)'}    layer: {d.layer or '(none)'}",
-        f"  cause:  {d.cause}: {_clip(d.reason, 400)}",
-        f"  rule:   {d.rule}",
+        f"first divergence: {shown(d.name)}{renamed}, {where}",
+        f"  module: {shown(d.module or '(top level)')}    layer: {shown(d.layer or '(none)')}",
+        f"  cause:  {d.cause}: {_clip(shown(d.reason), 400)}",
+        f"  rule:   {shown(d.rule)}",
     ]
     if isinstance(d.metrics, TensorComparison):
         lines.append(f"  metrics: {tensor_metrics(d.metrics)}")
@@ -124,12 +127,12 @@ def _divergence_lines(d: Divergence) -> list[str]:
 
 def _growth(growth: ErrorGrowth) -> str:
     """Each layer's output error after the culprit, and where it passes the gross limit."""
-    shown = [f"{x.layer} {x.error_level:.3g}" for x in growth.layers[:_SHOWN_LAYERS]]
+    layers = [f"{shown(x.layer)} {x.error_level:.3g}" for x in growth.layers[:_SHOWN_LAYERS]]
     more = len(growth.layers) - _SHOWN_LAYERS
-    path = " -> ".join(shown) + (f" -> ... ({more} more)" if more > 0 else "")
+    path = " -> ".join(layers) + (f" -> ... ({more} more)" if more > 0 else "")
     explodes = growth.explodes
     where = (
-        f"exceeds the gross limit {growth.gross:.3g} at {explodes.layer}"
+        f"exceeds the gross limit {growth.gross:.3g} at {shown(explodes.layer)}"
         if explodes is not None
         else f"stays below the gross limit {growth.gross:.3g}"
     )
@@ -144,7 +147,7 @@ def _no_divergence(result: DumpComparison) -> str:
         return (
             f"inconclusive: {failing} record(s) differ beyond the standard and no call is proven "
             f"guilty, but {len(result.unverified)} drifting call(s) could not be rerun (first: "
-            f"{result.unverified[0]}); they were cleared only because they did not amplify "
+            f"{shown(result.unverified[0])}); they were cleared only because they did not amplify "
             f"their inputs' error 100x. {_remedy(result)}"
         )
     return (
@@ -174,8 +177,8 @@ def tensor_metrics(m: TensorComparison) -> str:
 
 
 def _record_line(r: RecordComparison) -> str:
-    module = f" [{r.module}]" if r.module else ""
-    return _clip(f"{r.name}.{r.slot}{module}: {r.reason}")
+    module = f" [{shown(r.module)}]" if r.module else ""
+    return _clip(f"{shown(r.name)}.{shown(r.slot)}{module}: {shown(r.reason)}")
 
 
 def _clip(text: str, width: int = 160) -> str:
@@ -224,11 +227,13 @@ def _divergence_dict(d: Divergence | None) -> dict[str, object] | None:
 
 
 def write_dump_comparison_csv(result: DumpComparison, path: Path) -> None:
-    """One row per compared record (spreadsheet-ready), written atomically."""
-    rows = [r.to_dict() for r in result.records]
+    """One row per compared record (spreadsheet-ready), written atomically. A name from the
+    dump that starts like a formula is written as text (see :func:`spreadsheet_cell`); rows
+    end in CRLF (RFC 4180), so that a cell holding a CR or LF is quoted and splits no row."""
+    rows = [{k: spreadsheet_cell(v) for k, v in r.to_dict().items()} for r in result.records]
     columns = list(dict.fromkeys(key for row in rows for key in row))
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\r\n")
     writer.writeheader()
     writer.writerows(rows)
     atomic_write(path, buffer.getvalue().encode())

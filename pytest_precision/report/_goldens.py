@@ -10,6 +10,7 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .._text import shown, shown_text
 from ..golden._active import STATUSES, UPDATED
 from ..golden._layout import SCHEMA_VERSION
 
@@ -79,7 +80,7 @@ def golden_summary_lines(
         )
     if report_path is not None:
         lines.append(f"precision report written to {report_path}")
-    return lines
+    return [shown_text(line) for line in lines]
 
 
 def _number(value: Any) -> str:
@@ -87,11 +88,11 @@ def _number(value: Any) -> str:
 
 
 def _summary_line(record: dict[str, Any]) -> str:
-    head = f"{record['status'].upper():<9} {record['test']} {record['name']}"
+    head = f"{record['status'].upper():<9} {shown(record['test'])} {shown(record['name'])}"
     worst = record.get("worst")
     if worst is None:
-        return f"{head}: {record['message'].splitlines()[0] if record['message'] else ''}"
-    where = f"{worst['path']} " if worst["path"] else ""
+        return f"{head}: {shown(record['message'].splitlines()[0]) if record['message'] else ''}"
+    where = f"{shown(worst['path'])} " if worst["path"] else ""
     return (
         f"{head} [{record['standard']}] {where}cosine {_number(worst['cosine'])} "
         f"max abs {_number(worst['max_abs_err'])} max rel {_number(worst['max_rel_err'])} "

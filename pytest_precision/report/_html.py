@@ -12,6 +12,7 @@ import html
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,13 +149,24 @@ def diagnosis_data(d: Diagnosis) -> dict[str, Any]:
     }
 
 
+#: Inside the JSON script block, the characters that could end it, open a comment or a tag, or
+#: (U+2028, U+2029) end a line in older JavaScript: JSON's own escapes keep the value exact.
+_JSON_IN_SCRIPT = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+_PLACEHOLDER = re.compile("%(TITLE|KIND|DATA)%")
+
+
 def _page(title: str, kind: str, data: dict[str, Any]) -> str:
-    payload = json.dumps(data, allow_nan=False).replace("</", "<\\/")
-    return (
-        _TEMPLATE.replace("%TITLE%", html.escape(title))
-        .replace("%KIND%", kind)
-        .replace("%DATA%", payload)
-    )
+    """The template with its placeholders filled in one pass: a name that holds ``%DATA%``
+    stays that text, as nothing is substituted into what was already substituted."""
+    parts = {
+        "TITLE": html.escape(title, quote=True),
+        "KIND": json.dumps(kind).translate(_JSON_IN_SCRIPT),
+        "DATA": json.dumps(data, allow_nan=False).translate(_JSON_IN_SCRIPT),
+    }
+    return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _TEMPLATE)
 
 
 def dump_comparison_html(result: DumpComparison) -> str:
@@ -237,73 +249,78 @@ line is the culprit.</p>
 <script type="application/json" id="data">%DATA%</script>
 <script>
 "use strict";
-const KIND = "%KIND%";
+const KIND = %KIND%;
 const DATA = JSON.parse(document.getElementById("data").textContent);
-const esc = s => String(s == null ? "" : s).replace(/[&<>"]/g,
-  c => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;"})[c]);
+const SVG = "http://www.w3.org/2000/svg";
+// Every value from the data goes in as a text node or an attribute value, never as markup:
+// names come from dumps made elsewhere, and markup in them must show as text.
+function el(tag, attrs, ...kids) {
+  const e = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(k == null ? "" : String(k)));
+  return e;
+}
 const fmt = v => v == null ? "" : (typeof v === "number" ? (Math.abs(v) < 1e-3 && v !== 0 ?
   v.toExponential(2) : +v.toPrecision(4)) : v);
 function table(rows, cols, cls) {
-  let h = "<table><thead><tr>" + cols.map(c => "<th>" + esc(c) + "</th>").join("") + "</tr></thead><tbody>";
-  for (const r of rows) h += "<tr" + (cls ? ' class="' + cls(r) + '"' : "") + ">" +
-    cols.map(c => "<td>" + esc(fmt(r[c])) + "</td>").join("") + "</tr>";
-  return h + "</tbody></table>";
+  const head = el("thead", null, el("tr", null, ...cols.map(c => el("th", null, c))));
+  const body = el("tbody", null, ...rows.map(r => el("tr", cls ? {class: cls(r)} : null,
+    ...cols.map(c => el("td", null, fmt(r[c]))))));
+  return el("table", null, head, body);
 }
-let summary = "";
+const summary = document.getElementById("summary");
 if (KIND === "diagnosis") {
   const bad = DATA.finding !== "no difference";
-  summary += '<p>Finding: <span class="verdict ' + (bad ? "bad" : "ok") + '">' + esc(DATA.finding) +
-    "</span> first divergent token per row: " + esc(DATA.first_token.map(p => p == null ? "equal" : p).join(", ")) + "</p>";
-  summary += '<h2>Steps</h2><ol class="steps">' + DATA.steps.map(s => "<li><b>" + esc(s.name) +
-    "</b>: " + esc(s.finding) + "</li>").join("") + "</ol>";
-  summary += "<h2>Replay</h2>" + (DATA.replays.length ? table(DATA.replays, ["name", "device", "verdict", "reason"]) :
-    '<p class="muted">no op replayed</p>');
-  if (DATA.exported_test) summary += "<p>Exported test: <code>" + esc(DATA.exported_test) + "</code></p>";
-  summary += "<h2>Checklist</h2>";
+  summary.append(el("p", null, "Finding: ", el("span", {class: "verdict " + (bad ? "bad" : "ok")}, DATA.finding),
+    " first divergent token per row: " + DATA.first_token.map(p => p == null ? "equal" : p).join(", ")));
+  summary.append(el("h2", null, "Steps"), el("ol", {class: "steps"},
+    ...DATA.steps.map(s => el("li", null, el("b", null, s.name), ": ", s.finding))));
+  summary.append(el("h2", null, "Replay"), DATA.replays.length ?
+    table(DATA.replays, ["name", "device", "verdict", "reason"]) : el("p", {class: "muted"}, "no op replayed"));
+  if (DATA.exported_test) summary.append(el("p", null, "Exported test: ", el("code", null, DATA.exported_test)));
+  summary.append(el("h2", null, "Checklist"));
   for (const [label, diff] of [["config", DATA.config], ["environment", DATA.environment], ["weights", DATA.weights]]) {
     if (diff == null) continue;
-    summary += "<h3>" + label + "</h3>" + (diff.length ? table(diff, ["key", "golden", "target", "category"]) :
-      '<p class="muted">no difference</p>');
+    summary.append(el("h3", null, label), diff.length ? table(diff, ["key", "golden", "target", "category"]) :
+      el("p", {class: "muted"}, "no difference"));
   }
 } else if (KIND === "goldens") {
-  summary += table(DATA.goldens, Object.keys(DATA.goldens[0] || {test: ""}),
-    r => r.status === "fail" ? "fail" : (r.status === "warn" ? "warn" : ""));
+  summary.append(table(DATA.goldens, Object.keys(DATA.goldens[0] || {test: ""}),
+    r => r.status === "fail" ? "fail" : (r.status === "warn" ? "warn" : "")));
 }
 const C = DATA.comparison || null;
 if (C) {
-  summary += '<h2>Dump comparison</h2><p>Verdict: <span class="verdict ' + (C.verdict === "pass" ? "ok" : "bad") +
-    '">' + esc(C.verdict) + "</span> " + esc(C.golden) + " vs " + esc(C.target) + "</p>";
-  if (C.divergence) summary += "<p>Culprit: <b>" + esc(C.divergence.name) + "</b> in <code>" +
-    esc(C.divergence.module) + "</code> (layer " + esc(C.divergence.layer) + "), cause " +
-    esc(C.divergence.cause) + ": " + esc(C.divergence.reason) + "</p>";
+  summary.append(el("h2", null, "Dump comparison"), el("p", null, "Verdict: ",
+    el("span", {class: "verdict " + (C.verdict === "pass" ? "ok" : "bad")}, C.verdict), " ", C.golden, " vs ", C.target));
+  const d = C.divergence;
+  if (d) summary.append(el("p", null, "Culprit: ", el("b", null, d.name), " in ", el("code", null, d.module),
+    " (layer ", d.layer, "), cause ", d.cause, ": ", d.reason));
 }
-document.getElementById("summary").innerHTML = summary;
 if (!DATA.comparison) document.getElementById("dumpview").style.display = "none";
 const records = C ? C.records : [];
 const level = r => typeof r.error === "string" ? Infinity : (r.error || 0);
 function chart() {
   const svg = document.getElementById("chart"), W = 960, H = 260, P = 30;
-  if (!records.length) { svg.innerHTML = '<text x="20" y="40">no records</text>'; return; }
+  if (!records.length) { svg.append(el("svg:text", {x: 20, y: 40}, "no records")); return; }
   const ys = records.map(level).map(v => v > 0 ? Math.log10(Math.min(v, 1e6)) : -12);
   const lo = Math.min(-8, ...ys), hi = Math.max(1, ...ys.filter(isFinite));
   const x = i => P + (W - 2 * P) * (records.length > 1 ? i / (records.length - 1) : 0.5);
   const y = v => H - P - (H - 2 * P) * (v - lo) / (hi - lo || 1);
-  let s = "";
-  C.layers.forEach((l, k) => { if (l.layer !== "(outside layers)") s += '<rect x="' + x(l.first) + '" y="' + P +
-    '" width="' + Math.max(1, x(l.last) - x(l.first)) + '" height="' + (H - 2 * P) + '" fill="' +
-    (k % 2 ? "#eef3ff" : "#f6f9ff") + '"><title>' + esc(l.layer) + "</title></rect>" +
-    '<text x="' + x(l.first) + '" y="' + (P - 4) + '" font-size="10">' + esc(l.layer) + "</text>"; });
-  s += '<polyline fill="none" stroke="#36c" stroke-width="1" points="' + ys.map((v, i) => x(i) + "," + y(v)).join(" ") + '"/>';
-  records.forEach((r, i) => { if (r.status === "fail") s += '<circle cx="' + x(i) + '" cy="' + y(ys[i]) +
-    '" r="2" fill="#c33"><title>' + esc(r.name + " " + r.slot) + "</title></circle>"; });
-  if (C.culprit != null) s += '<line id="culprit" x1="' + x(C.culprit) + '" x2="' + x(C.culprit) + '" y1="' + P +
-    '" y2="' + (H - P) + '" stroke="red" stroke-width="2"><title>culprit</title></line>';
-  for (let e = Math.ceil(lo); e <= hi; e += 2) s += '<text x="2" y="' + y(e) + '" font-size="10">1e' + e + "</text>";
-  svg.innerHTML = s;
+  C.layers.forEach((l, k) => { if (l.layer !== "(outside layers)") svg.append(
+    el("svg:rect", {x: x(l.first), y: P, width: Math.max(1, x(l.last) - x(l.first)), height: H - 2 * P,
+      fill: k % 2 ? "#eef3ff" : "#f6f9ff"}, el("svg:title", null, l.layer)),
+    el("svg:text", {x: x(l.first), y: P - 4, "font-size": 10}, l.layer)); });
+  svg.append(el("svg:polyline", {fill: "none", stroke: "#36c", "stroke-width": 1,
+    points: ys.map((v, i) => x(i) + "," + y(v)).join(" ")}));
+  records.forEach((r, i) => { if (r.status === "fail") svg.append(el("svg:circle",
+    {cx: x(i), cy: y(ys[i]), r: 2, fill: "#c33"}, el("svg:title", null, r.name + " " + r.slot))); });
+  if (C.culprit != null) svg.append(el("svg:line", {id: "culprit", x1: x(C.culprit), x2: x(C.culprit), y1: P,
+    y2: H - P, stroke: "red", "stroke-width": 2}, el("svg:title", null, "culprit")));
+  for (let e = Math.ceil(lo); e <= hi; e += 2) svg.append(el("svg:text", {x: 2, y: y(e), "font-size": 10}, "1e" + e));
 }
 chart();
-if (C) document.getElementById("layers").innerHTML = table(C.layers, ["layer", "records", "fail", "warn", "worst"],
-  l => l.fail ? "fail" : (l.warn ? "warn" : ""));
+if (C) document.getElementById("layers").append(table(C.layers, ["layer", "records", "fail", "warn", "worst"],
+  l => l.fail ? "fail" : (l.warn ? "warn" : "")));
 const COLS = ["i", "name", "slot", "module", "status", "error", "cosine", "max_abs", "dtype", "shape", "reason"];
 let sortKey = "i", sortDir = 1;
 function render() {
@@ -312,9 +329,9 @@ function render() {
     (!q || (r.name + " " + r.module + " " + r.reason + " " + r.slot).toLowerCase().includes(q)));
   rows.sort((a, b) => { const u = sortKey === "error" ? level(a) : a[sortKey], v = sortKey === "error" ? level(b) : b[sortKey];
     return (u < v ? -1 : u > v ? 1 : 0) * sortDir; });
-  const el = document.getElementById("records");
-  el.innerHTML = table(rows, COLS, r => (C && r.i === C.culprit ? "culprit " : "") + r.status);
-  el.querySelectorAll("th").forEach((th, k) => th.onclick = () => {
+  const box = document.getElementById("records");
+  box.replaceChildren(table(rows, COLS, r => (C && r.i === C.culprit ? "culprit " : "") + r.status));
+  box.querySelectorAll("th").forEach((th, k) => th.onclick = () => {
     sortDir = sortKey === COLS[k] ? -sortDir : 1; sortKey = COLS[k]; render(); });
   document.getElementById("shown").textContent = rows.length + " of " + records.length + " records";
 }

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from .._text import shown, shown_text
 from ..dump._records import Dump, Record
 from ..runtime._devices import flat_fingerprint
 
@@ -16,18 +17,19 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def summarize(dump: Dump) -> str:
-    """Format, ranks, steps, record counts by kind, dtypes and size on disk, one per line."""
+    """Format, ranks, steps, record counts by kind, dtypes and size on disk, one per line;
+    what the dump says (environment, kinds, dtypes) shown with control characters escaped."""
     records = list(dump)
     loadable = sum(r.loader is not None for r in records)
     stats_only = sum(r.is_tensor and r.loader is None for r in records)
     details = ", ".join(
-        f"{k} {v}"
+        f"{shown(k)} {shown(v)}"
         for k, v in dump.environment.items()
         if v is not None and not isinstance(v, (dict, list))
     )
     size, files = _disk_usage(dump.path)
     lines = [
-        ("dump", str(dump.path)),
+        ("dump", shown(dump.path)),
         ("format", f"{dump.format} ({details})" if details else dump.format),
         ("ranks", _numbers(r.rank for r in records)),
         ("steps", _numbers(r.step for r in records)),
@@ -44,12 +46,15 @@ def summarize(dump: Dump) -> str:
     nested = {k: v for k, v in dump.environment.items() if isinstance(v, (dict, list))}
     if nested:  # devices, determinism flags, env vars: one line each, not one long dict
         text.append("recorded environment:")
-        text += [f"  {key}: {value}" for key, value in flat_fingerprint(nested).items()]
-    return "\n".join(text)
+        text += [
+            f"  {shown(key)}: {shown(value)}" for key, value in flat_fingerprint(nested).items()
+        ]
+    return shown_text("\n".join(text))
 
 
 def list_records(dump: Dump, pattern: str = "*") -> Iterator[str]:
-    """One line per record whose name or ``name.slot`` matches the glob ``pattern``."""
+    """One line per record whose name or ``name.slot`` matches the glob ``pattern``, its
+    names shown with control characters escaped."""
     matched = [
         r
         for r in dump
@@ -75,7 +80,8 @@ def _row(record: Record, with_rank_step: bool) -> list[str]:
         values = f"value={record.value!r}"
     if record.checksum is not None:
         values += f" checksum={record.checksum}"
-    return [*where, record.name, record.slot, record.dtype or "-", shape, values.strip()]
+    cells = [record.name, record.slot, record.dtype or "-", shape, values.strip()]
+    return [*where, *map(shown, cells)]
 
 
 def _numbers(values: Iterable[int]) -> str:
@@ -83,7 +89,7 @@ def _numbers(values: Iterable[int]) -> str:
 
 
 def _counts(values: Iterable[str]) -> str:
-    return ", ".join(f"{k} {n}" for k, n in Counter(values).most_common()) or "-"
+    return ", ".join(f"{shown(k)} {n}" for k, n in Counter(values).most_common()) or "-"
 
 
 def _disk_usage(path: Path) -> tuple[int, int]:

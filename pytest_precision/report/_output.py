@@ -1,5 +1,6 @@
 """How output-level results read in a terminal: tokens, symptoms, scores, weights, checklists and
-bad cases (the CLI prints these; the assert forms keep their own short messages)."""
+bad cases (the CLI prints these; the assert forms keep their own short messages). What the
+files say (keys, reasons, names) is shown with its control characters escaped."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from .._text import shown, shown_text
 
 if TYPE_CHECKING:
     from ..output._badcases import BadCases
@@ -27,9 +30,9 @@ def tokens_text(result: TokenComparison) -> str:
         f"{result.logprob_tol:g})"
     ]
     for row in result.rows:
-        lines.append(f"  {row.status.upper():<9} {row.reason}")
+        lines.append(f"  {row.status.upper():<9} {shown(row.reason)}")
         lines.extend(_row_details(row))
-    return "\n".join(lines)
+    return shown_text("\n".join(lines))
 
 
 def _row_details(row: RowTokens) -> list[str]:
@@ -38,10 +41,10 @@ def _row_details(row: RowTokens) -> list[str]:
         lines.append(f"            after {row.context!r}")
     for label, top in (("golden", row.golden_top), ("target", row.target_top)):
         if top:
-            shown = ", ".join(
+            entries = ", ".join(
                 f"{e.token}{'' if e.text is None else f' {e.text!r}'} {e.logprob:.3f}" for e in top
             )
-            lines.append(f"            {label} top-{len(top)}: {shown}")
+            lines.append(f"            {label} top-{len(top)}: {entries}")
     return lines
 
 
@@ -50,8 +53,11 @@ def symptoms_text(findings: Sequence[Symptom], *, what: str = "output") -> str:
     if not findings:
         return f"no symptoms in the {what}"
     lines = [f"{len(findings)} symptom(s) in the {what}:"]
-    lines += [f"  {f.kind:<10} at {f.unit} {f.location}: {f.reason}" for f in findings]
-    return "\n".join(lines)
+    lines += [
+        f"  {f.kind:<10} at {shown(f.unit)} {shown(f.location)}: {shown(f.reason)}"
+        for f in findings
+    ]
+    return shown_text("\n".join(lines))
 
 
 def scores_text(result: ScoreCheck) -> str:
@@ -80,8 +86,8 @@ def diff_text(result: ChecklistDiff) -> str:
         if c.category != category:
             category = c.category
             lines.append(f"  {category}:")
-        lines.append(f"    {c.key:<{width}}  {c.golden!r} -> {c.target!r}")
-    return "\n".join(lines)
+        lines.append(f"    {shown(c.key):<{width}}  {c.golden!r} -> {c.target!r}")
+    return shown_text("\n".join(lines))
 
 
 def badcases_text(result: BadCases, *, limit: int = 20) -> str:
@@ -91,18 +97,18 @@ def badcases_text(result: BadCases, *, limit: int = 20) -> str:
         f"(matched by {result.matched_by})"
     ]
     for i, case in enumerate(result.cases[:limit], start=1):
-        lines.append(f"  {i}. {case.key}: {case.reason}")
+        lines.append(f"  {i}. {shown(case.key)}: {shown(case.reason)}")
         if case.prompt is not None:
             lines.append(f"       prompt: {case.prompt[:100]!r}")
     if len(result.cases) > limit:
         lines.append(f"  ... and {len(result.cases) - limit} more")
     for side, keys in (("golden", result.only_golden), ("target", result.only_target)):
         if keys:
-            shown = ", ".join(keys[:10]) + (" ..." if len(keys) > 10 else "")
-            lines.append(f"  only in the {side} run ({len(keys)}): {shown}")
+            listed = ", ".join(map(shown, keys[:10])) + (" ..." if len(keys) > 10 else "")
+            lines.append(f"  only in the {side} run ({len(keys)}): {listed}")
     if result.cases:
-        lines.append(f"localize case {result.cases[0].key} first")
-    return "\n".join(lines)
+        lines.append(f"localize case {shown(result.cases[0].key)} first")
+    return shown_text("\n".join(lines))
 
 
 def write_badcases_json(result: BadCases, path: str | os.PathLike[str]) -> None:

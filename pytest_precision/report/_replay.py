@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._text import shown, shown_text
 from ..compare._results import layer_of
 from ._dumps import tensor_metrics
 
@@ -15,16 +16,17 @@ if TYPE_CHECKING:
 def replay_text(result: ReplayResult) -> str:
     """The call, where it sits, the verdict and why, then each output slot's three sides."""
     lines = [
-        f"replay {result.name} (step {result.step}, rank {result.rank}) on {result.device}: "
+        f"replay {shown(result.name)} (step {result.step}, rank {result.rank}) on {result.device}: "
         f"{result.verdict}",
-        f"  module:  {result.module or '(top level)'}    layer: "
-        f"{layer_of(result.module) or '(none)'}",
-        f"  dump:    {result.dump}" + (f"    golden: {result.golden}" if result.golden else ""),
-        f"  reason:  {result.reason}",
+        f"  module:  {shown(result.module or '(top level)')}    layer: "
+        f"{shown(layer_of(result.module) or '(none)')}",
+        f"  dump:    {shown(result.dump)}"
+        + (f"    golden: {shown(result.golden)}" if result.golden else ""),
+        f"  reason:  {shown(result.reason)}",
         f"  each output vs a float64 CPU rerun, within {result.precision} rounding:",
     ]
     for slot in result.slots:
-        lines.append(f"  {slot.slot}: {slot.verdict}")
+        lines.append(f"  {shown(slot.slot)}: {slot.verdict}")
         lines.append(_side("recorded", slot.recorded))
         lines.append(_side(f"rerun on {result.device}", slot.rerun))
         if slot.golden is not None:
@@ -39,7 +41,7 @@ def replay_text(result: ReplayResult) -> str:
                 )
         elif result.golden is not None:
             lines.append("    golden: no output of this shape in the golden's call")
-    return "\n".join(lines)
+    return shown_text("\n".join(lines))
 
 
 def _side(label: str, m: TensorComparison) -> str:

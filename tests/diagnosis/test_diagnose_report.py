@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from browser_helpers import browser_flags, rendered_dom  # noqa: E402
 from planted import build, twin  # noqa: E402
 
 from pytest_precision import assert_same_generation, diagnose, save_run  # noqa: E402
@@ -54,27 +54,9 @@ def test_the_report_embeds_the_diagnosis_and_needs_no_network(diagnosed: object)
     assert data["weights"][0]["key"] == BAD + ".weight"
 
 
-def _chromium() -> str | None:
-    return next(
-        (p for n in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(n))),
-        None,
-    )
-
-
 def test_the_report_renders_in_headless_chromium(diagnosed: object, tmp_path: Path) -> None:
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("no Chromium installed (apt-get install -y chromium; .ci/run does)")
     page = Path(diagnosed.report).resolve()  # type: ignore[attr-defined]
-    flags = [
-        browser,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--window-size=1200,1800",
-    ]
+    flags = browser_flags(tmp_path / "profile")
     shot = tmp_path / "report.png"
     subprocess.run(
         [*flags, f"--screenshot={shot}", page.as_uri()],
@@ -84,13 +66,7 @@ def test_the_report_renders_in_headless_chromium(diagnosed: object, tmp_path: Pa
     )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 20_000
-    dom = subprocess.run(
-        [*flags, "--dump-dom", page.as_uri()],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
+    dom = rendered_dom(page, tmp_path / "profile")
     assert 'data-rendered="yes"' in dom  # the script ran to the end
     assert 'class="culprit ' in dom
     assert 'id="culprit"' in dom

@@ -74,6 +74,8 @@ def as_mask(mask: Any, where: str = "mask") -> torch.Tensor:
         )
     if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         raise PrecisionInputError(f"{where} must hold only 0 and 1 (1: a real position)")
+    if not bool(mask.any()):  # a check of nothing would pass whatever the values
+        raise PrecisionInputError(f"{where} is 0 everywhere: no position would be compared")
     return mask.detach().to(torch.bool)
 
 
@@ -130,12 +132,10 @@ def keep_real_strict(value: Any, mask: Any, name: str) -> tuple[Any, LeftOut | N
     return kept, left_out
 
 
-def keep_real_later(
-    make: Callable[[], Any] | None, mask: torch.Tensor | None
-) -> Callable[[], Any] | None:
+def keep_real_later(make: Callable[[], Any], mask: torch.Tensor | None) -> Callable[[], Any]:
     """A zero-argument callable (a reference or a rerun) whose result is reduced like the
     value, so the envelope is measured on the positions the golden keeps."""
-    if make is None or mask is None:
+    if mask is None:
         return make
     return lambda: keep_real(make(), mask)[0]
 

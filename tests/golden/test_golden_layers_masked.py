@@ -66,11 +66,14 @@ def test_mask_comes_from_the_models_2d_attention_mask_unless_told() -> None:
     assert mask_of(None, {"attention_mask": torch.ones(BATCH, 1, SEQ, SEQ)}) is None  # 4-D
     assert mask_of(None, {}) is None
     explicit = torch.zeros(BATCH, SEQ, dtype=torch.bool)
+    explicit[0, -1] = True
     assert torch.equal(mask_of(explicit, {"attention_mask": mask}), explicit)
     with pytest.raises(PrecisionInputError, match=r"2-D \(batch, seq\) tensor"):
         mask_of(torch.ones(SEQ), {})
     with pytest.raises(PrecisionInputError, match="only 0 and 1"):
         mask_of(torch.full((BATCH, SEQ), 2), {})
+    with pytest.raises(PrecisionInputError, match="0 everywhere: no position would be compared"):
+        mask_of(torch.zeros(BATCH, SEQ), {})
     with pytest.raises(PrecisionInputError, match="mask=True needs"):
         mask_of(True, {})
 

@@ -52,6 +52,7 @@ def assert_close_to_golden(
     reference: Any = None,
     envelope: str | None = None,
     perturbations: Sequence[Callable[[], Any]] = (),
+    mask: Any = None,
 ) -> Comparison | None:
     """Assert that ``value`` is close to the running test's golden ``name``.
 
@@ -66,6 +67,12 @@ def assert_close_to_golden(
     from :func:`float64_reference`); ``envelope="model"`` marks a multi-op value with nothing
     measured; ``perturbations`` are zero-argument callables rerunning the value on legitimate
     other paths. Returns the :class:`Comparison` (``None`` when recorded).
+
+    ``mask``: a ``(batch, seq)`` tensor of 0 and 1 like ``attention_mask``; every tensor of
+    ``value`` (and of its reference and reruns) shaped ``(batch, seq, ...)`` keeps only the
+    positions with 1, when recorded and when checked (the golden stores only those), and the
+    report counts the positions left out. Padding's outputs are never used by the model and
+    follow each dtype's mask constant: they are not evidence.
     """
     __tracebackhide__ = True
     return current_golden()(
@@ -77,4 +84,5 @@ def assert_close_to_golden(
         reference=reference,
         envelope=envelope,
         perturbations=perturbations,
+        mask=mask,
     )

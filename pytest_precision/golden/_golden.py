@@ -42,6 +42,7 @@ from ._files import (
     write_golden,
 )
 from ._layout import mark_golden_dir
+from ._masking import LeftOut, left_out_line, left_out_record, masked_call
 from ._records import badness, comparison_excess, describe_tensor, device_of, item_summary
 from ._sources import (
     DumpGoldens,
@@ -109,6 +110,7 @@ class Golden:
         self._staged: dict[str, Entry] = {}
         self._file_unreadable = False
         self._device: torch.device | None = None
+        self._left_out: dict[str, LeftOut | None] = {}  # masked positions each golden left out
         # Threads started by a test assert concurrently; names, staged values and records
         # are shared state (a reentrant lock: an autoflush runs inside a call).
         self._lock = threading.RLock()
@@ -128,13 +130,9 @@ class Golden:
             self._file = self.source.read(self.test_id)
         return self._file  # type: ignore[return-value]
 
-    def _lookup(self, name: str) -> tuple[str, Any]:
-        """``(where, expected)``; ``expected`` is ``_MISSING`` when there is no golden."""
-        where, value, _ = self._lookup_entry(name)
-        return where, value
-
     def _lookup_entry(self, name: str) -> tuple[str, Any, Entry | None]:
-        """``(where, expected, stored entry)``; the entry carries the value's envelope."""
+        """``(where, expected, stored entry)``; ``expected`` is ``_MISSING`` when there is no
+        golden, the entry carries the value's envelope."""
         if isinstance(self.source, DumpGoldens):
             found = self.source.lookup(name)
             if found is None:
@@ -156,7 +154,7 @@ class Golden:
     def load(self, name: str) -> Any:
         """The stored golden value ``name`` (tensors on the CPU)."""
         with self._lock:
-            where, value = self._lookup(name)
+            where, value, _ = self._lookup_entry(name)
         if value is _MISSING:
             raise PrecisionError(f"no golden named {name!r} in {where}")
         return value
@@ -187,17 +185,19 @@ class Golden:
         reference: Any = None,
         envelope: str | None = None,
         perturbations: Sequence[Callable[[], Any]] = (),
+        mask: Any = None,
     ) -> Comparison | None:
         """Compare ``value`` with the golden ``name`` (default: the call's position in the test).
 
         ``reference``, ``envelope`` and ``perturbations`` say how the golden's noise envelope is
-        measured when it is recorded (see :func:`assert_close_to_golden`). Returns the
+        measured when it is recorded, ``mask`` (see :func:`assert_close_to_golden`). Returns the
         :class:`Comparison`, or ``None`` when the value was recorded (update mode).
         """
         __tracebackhide__ = True
         request = EnvelopeRequest(envelope, reference, tuple(perturbations))
+        value, request, left_out = masked_call(value, request, mask, name)
         with self._lock:
-            return self._check(value, name, Tolerance(standard, rtol, atol), request)
+            return self._check(value, name, Tolerance(standard, rtol, atol), request, left_out)
 
     def _check(
         self,
@@ -205,11 +205,13 @@ class Golden:
         name: str | None,
         call_tolerance: Tolerance,
         request: EnvelopeRequest = NO_REQUEST,
+        left_out: LeftOut | None = None,
         *,
         alone: bool = True,
     ) -> Comparison | None:
         __tracebackhide__ = True
         name = self._name(name)
+        self._left_out[name] = left_out
         try:
             self._validate(value, name, call_tolerance)
         except PrecisionInputError as exc:
@@ -272,7 +274,7 @@ class Golden:
                     f"{name}: {excess:.3g}x the limit of {describe(stored)} "
                     f"({100 * (excess - 1):.3g} % beyond it)"
                 )
-            lines.append(comparison.message())
+            lines.append(comparison.message() + left_out_line(name, left_out))
             earlier = [n for n in self._order[: self._order.index(name)] if n not in self._failed]
             if alone and earlier and not self._failed:
                 lines.append(
@@ -479,6 +481,7 @@ class Golden:
             "golden": where,
             "status": status,
             "message": message,
+            **left_out_record(self._left_out.get(name)),
         }
         stored, excess = envelope
         if stored is not None or excess is not None:

@@ -18,6 +18,7 @@ from .._text import shown_text
 from ._assert import current_golden
 from ._envelope import EnvelopeRequest
 from ._golden import Golden
+from ._masking import LeftOut, keep_real, keep_real_later, mask_of
 from ._reference import capture_outputs, float64_reference, primary_output, upcast
 from ._tolerances import NO_TOLERANCE
 
@@ -37,15 +38,23 @@ def repeated_blocks(model: torch.nn.Module) -> list[str]:
     )
 
 
-def check_all(golden: Golden, values: Sequence[tuple[str, Any, EnvelopeRequest]]) -> None:
+def check_all(
+    golden: Golden,
+    values: Sequence[tuple[str, Any, EnvelopeRequest]],
+    left_out: dict[str, LeftOut] | None = None,
+) -> None:
     """Check several goldens, all of them, then raise one error naming the first failing
-    one in recording order (a bug shows first at the golden where it enters)."""
+    one in recording order (a bug shows first at the golden where it enters). ``left_out``:
+    the masked positions each golden left out, for its report."""
     __tracebackhide__ = True
     failures: list[tuple[str, str]] = []
+    left_out = left_out or {}
     with golden._lock:
         for name, value, request in values:
             try:
-                golden._check(value, name, NO_TOLERANCE, request, alone=False)
+                golden._check(
+                    value, name, NO_TOLERANCE, request, alone=False, left_out=left_out.get(name)
+                )
             except AssertionError as exc:
                 failures.append((name, str(exc)))
     if not failures:
@@ -68,6 +77,7 @@ def assert_layers_close_to_golden(
     reference: bool = True,
     dtype: torch.dtype | None = None,
     golden: Golden | None = None,
+    mask: torch.Tensor | bool | None = None,
     **kwargs: Any,
 ) -> None:
     """Assert each block's output (and the logits) of ``model(*inputs, **kwargs)`` against
@@ -76,11 +86,16 @@ def assert_layers_close_to_golden(
     ``modules``: module paths to check (default: :func:`repeated_blocks`). ``reference``:
     when recording, rerun the model in float64 and store the reference envelope; without
     it the goldens are marked multi-op (model-level rule). ``dtype``: cast the captured values
-    first (a port computing in float32 that returns bf16).
+    first (a port computing in float32 that returns bf16). ``mask``: the ``(batch, seq)``
+    positions to compare (1 real, 0 padding), by default the model's 2-D ``attention_mask``
+    keyword; ``mask=False`` compares every position. Outputs at masked positions are never
+    used by the model and follow each dtype's mask constant, so they are left out of the
+    goldens (recorded and checked) and the verdict, and each golden's report counts them.
     """
     __tracebackhide__ = True
     golden = golden or current_golden()
     paths = list(repeated_blocks(model) if modules is None else modules)
+    real = mask_of(mask, kwargs)
     if "logits" in paths:
         raise PrecisionInputError("'logits' names the model output; no module may take it")
     with torch.no_grad(), capture_outputs(model, paths) as captured:
@@ -93,6 +108,9 @@ def assert_layers_close_to_golden(
         values["logits"] = primary_output(output)
     if dtype is not None:
         values = {k: upcast(v, dtype) for k, v in values.items()}
+    kept = {k: keep_real(v, real) for k, v in values.items()}
+    values = {k: v for k, (v, _) in kept.items()}
+    left_out = {k: n for k, (_, n) in kept.items() if n is not None}
 
     cache: list[dict[str, Any]] = []
 
@@ -111,10 +129,10 @@ def assert_layers_close_to_golden(
             value,
             EnvelopeRequest(
                 kind=None if reference else "model",
-                reference=reference_of(name) if reference else None,
+                reference=keep_real_later(reference_of(name), real) if reference else None,
                 source=SOURCE,
             ),
         )
         for name, value in values.items()
     ]
-    check_all(golden, requests)
+    check_all(golden, requests, left_out)

@@ -15,19 +15,12 @@ from typing import Any
 import torch
 
 from .._errors import PrecisionInputError
+from ._masking import finite_at_masked, map_tensors, mask_of
 
 
 def upcast(value: Any, dtype: torch.dtype = torch.float64) -> Any:
     """Floating tensors inside ``value`` (tuples, lists, dicts) converted exactly to ``dtype``."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to(dtype) if value.is_floating_point() else value
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
-        return type(value)(*(upcast(v, dtype) for v in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(upcast(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return {k: upcast(v, dtype) for k, v in value.items()}
-    return value
+    return map_tensors(value, lambda t: t.detach().to(dtype) if t.is_floating_point() else t)
 
 
 def primary_output(output: Any) -> Any:
@@ -86,7 +79,10 @@ def float64_reference(
     A module is deep-copied and its floating parameters and buffers upcast (the user's model
     is never modified); floating tensors in ``args`` / ``kwargs`` are upcast too. Returns the
     output, or ``(output, {path: output})`` with ``capture``: the outputs of those submodules
-    (paths as ``named_modules()`` spells them), in the order they ran.
+    (paths as ``named_modules()`` spells them), in the order they ran. With a 2-D
+    ``attention_mask`` keyword, non-finite values at its masked positions become 0 after each
+    submodule: float64's mask constant overflows in fully masked rows, and their NaN would
+    reach real positions through zero attention weights.
     """
     if isinstance(module_or_fn, torch.nn.Module):
         target: Any = copy.deepcopy(module_or_fn).to(torch.float64)
@@ -99,9 +95,20 @@ def float64_reference(
             f"float64_reference takes a module or a callable, not {type(module_or_fn).__name__}"
         )
     args, kwargs = upcast(args), upcast(kwargs)
-    with torch.no_grad():
+    mask = _reference_mask(target, kwargs)
+    with torch.no_grad(), finite_at_masked(target, mask):
         if capture is None:
             return target(*args, **kwargs)
         with capture_outputs(target, list(capture)) as captured:
             output = target(*args, **kwargs)
         return output, dict(captured)
+
+
+def _reference_mask(target: Any, kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """The 2-D 0/1 ``attention_mask`` of a module's call, if it has one (any other: none)."""
+    if not isinstance(target, torch.nn.Module):
+        return None
+    try:
+        return mask_of(None, kwargs)
+    except PrecisionInputError:
+        return None

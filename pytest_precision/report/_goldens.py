@@ -89,6 +89,9 @@ def _number(value: Any) -> str:
 
 def _summary_line(record: dict[str, Any]) -> str:
     head = f"{record['status'].upper():<9} {shown(record['test'])} {shown(record['name'])}"
+    masked = record.get("masked")
+    if masked:
+        head += f" ({masked['left_out']}/{masked['positions']} masked positions left out)"
     worst = record.get("worst")
     if worst is None:
         return f"{head}: {shown(record['message'].splitlines()[0]) if record['message'] else ''}"

@@ -27,7 +27,10 @@ import torch.nn.functional as F
 #: for ``Aten`` internals): pattern -> what the function does instead of computing.
 _FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(^|_)save"), "writes files"),
-    (re.compile(r"(^|_)(load|from_file|file|frombuffer|dlpack)($|_)"), "reads files or foreign memory"),
+    (
+        re.compile(r"(^|_)(load|from_file|file|frombuffer|dlpack)($|_)"),
+        "reads files or foreign memory",
+    ),
     (re.compile(r"storage|share_memory"), "exposes memory outside the rerun"),
     (
         re.compile(r"(^|_)(manual_seed|seed|initial_seed|rng|generator|fork_rng)($|_)"),

@@ -46,12 +46,13 @@ _SLUG_LIMIT = 64
 
 
 def name_slug(name: str) -> str:
-    """``name`` as a lowercase ASCII identifier fragment for file and test names; a long one is
-    cut and ends with a hash of the whole name, so distinct long names stay distinct and no file
-    name outgrows what file systems allow (255 bytes)."""
+    """``name`` as a lowercase ASCII identifier fragment for file and test names. A long name,
+    or one with characters capture never writes, is cut and ends with a hash of the whole name,
+    so such names stay distinct and no file name outgrows what file systems allow (255
+    bytes)."""
     slug = re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
-    if len(slug) <= _SLUG_LIMIT:
-        return slug
+    if len(slug) <= _SLUG_LIMIT and re.fullmatch(r"[A-Za-z0-9_.]*", name):
+        return slug  # a name as capture writes them reads as itself
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{slug[: _SLUG_LIMIT - len(digest) - 1].rstrip('_')}_{digest}"
 
@@ -121,20 +122,13 @@ def export_test(
         raise PrecisionError(
             f"{', '.join(map(str, existing))} already exist(s); pass --force to overwrite"
         )
-    golden_option = f", golden={_literal(folders['golden'].name)}" if "golden" in folders else ""
-    text = _TEMPLATE.format(
-        name=_docstring_text(call.name),
-        source=_docstring_text(str(target.path)),
-        version=__version__,
-        dump_folder=_docstring_text(folders["dump"].name),
-        file=_docstring_text(test_file.name),
-        call_literal=_literal(call.name),
-        dump_literal=_literal(folders["dump"].name),
-        glob_literal=_literal(re.sub(r"([*?\[])", r"[\1]", call.name)),
-        golden_option=golden_option,
-        test_name=name_slug(call.name),
+    text = render_test(
+        call.name,
+        source=str(target.path),
+        file=test_file.name,
+        dump_folder=folders["dump"].name,
+        golden_folder=folders["golden"].name if "golden" in folders else None,
     )
-    compile(text, str(test_file), "exec")  # whatever the names held, the file is valid Python
     try:
         info = {
             "level": "op",
@@ -155,6 +149,29 @@ def export_test(
     except OSError as exc:  # a file name too long for the file system, a read-only folder
         raise PrecisionError(f"{exc.filename or test_file}: cannot write: {exc.strerror}") from None
     return written
+
+
+def render_test(
+    name: str, *, source: str, file: str, dump_folder: str, golden_folder: str | None
+) -> str:
+    """The test file replaying the call ``name``: valid Python whatever the names hold (they
+    come from the dump), with every name written as a literal that reads back exactly and only
+    a sanitized form of them in the docstring."""
+    golden_option = "" if golden_folder is None else f", golden={_literal(golden_folder)}"
+    text = _TEMPLATE.format(
+        name=_docstring_text(name),
+        source=_docstring_text(source),
+        version=__version__,
+        dump_folder=_docstring_text(dump_folder),
+        file=_docstring_text(file),
+        call_literal=_literal(name),
+        dump_literal=_literal(dump_folder),
+        glob_literal=_literal(re.sub(r"([*?\[])", r"[\1]", name)),
+        golden_option=golden_option,
+        test_name=name_slug(name),
+    )
+    compile(text, file, "exec")  # a guard: a SyntaxError here is a bug of this function
+    return text
 
 
 def _overlap(a: Path, b: Path) -> bool:

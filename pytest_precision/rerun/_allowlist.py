@@ -6,10 +6,12 @@ own operator registry describes it as a computation, so the rule follows torch i
 hand-kept list of ops: ``torch.<op>``, ``torch._VF.<op>`` and ``Tensor.<op>`` must be the
 binding of an ``aten`` operator whose every overload schema computes (returns a value or writes
 its tensor arguments, takes no file name, storage, stream, future or random generator), an
-``Aten.<op>`` the overload it names; ``torch.nn.functional`` contributes its own Python
-functions and the aten bindings it re-exports. A few families are refused by name first, for a
-clear reason: files, random state, process-wide settings, compilers, device and process level
-helpers, private and dunder names. See ``docs/replay.md`` ("What a rerun may call").
+``Aten.<op>`` the overload it names. Besides those, ``torch.nn.functional``'s own Python
+functions, ``torch.functional``'s, Tensor casts and properties; a private (``_``) name only as
+an aten binding (``torch._grouped_mm``), a dunder only as a Tensor operator (``__iadd__``). A few
+families are refused by name first, for a clear reason: files, random state, process-wide
+settings, compilers, device and process level helpers. See ``docs/replay.md`` ("What a rerun
+may call").
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ _FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (
         "touches the random number generator state",
     ),
     (
-        re.compile(r"^(set_|set$|use_deterministic|enable_|disable_)"),
+        re.compile(r"^(set_[a-z]|use_deterministic|enable_|disable_)"),
         "changes process-wide state",
     ),
     (
@@ -94,8 +96,8 @@ def _refusal(kind: str, op: str) -> str | None:
         return "is not a plain name"
     if kind == "Tensor" and name in _OPERATOR_DUNDERS:
         return None
-    if name.startswith("__") or (name.startswith("_") and kind != "Aten"):
-        return "is private or a dunder: not an op capture records as a computation"
+    if name.startswith("__"):
+        return "is a dunder: not an op capture records as a computation"
     for pattern, reason in _FAMILIES:
         if pattern.search(name):
             return reason
@@ -103,6 +105,8 @@ def _refusal(kind: str, op: str) -> str | None:
         return None if name.startswith("npu_") else "is not a torch_npu op (npu_*)"
     if kind == "Aten":
         return _aten_refusal(name, overload or None)
+    if name.startswith("_"):  # private: only as the binding of an aten op (torch._grouped_mm)
+        return _aten_refusal(name, None, private=True)
     if kind == "Torch" and (name in _TORCH_FUNCTIONAL):
         return None
     if kind == "Functional" and _defined_in_functional(name):
@@ -123,10 +127,12 @@ def _is_tensor_property(name: str) -> bool:
     return inspect.isdatadescriptor(getattr(torch.Tensor, name, None))
 
 
-def _aten_refusal(name: str, overload: str | None) -> str | None:
+def _aten_refusal(name: str, overload: str | None, *, private: bool = False) -> str | None:
     """Why the aten operator (its named overload, or every overload) does not compute."""
     packet = _aten_packet(name)
     if packet is None:
+        if private:
+            return "is private and not an aten op: not a computation capture records"
         return "is not a computation in torch's operator registry (torch.ops.aten)"
     names = [overload] if overload is not None else list(packet.overloads())
     for each in names:

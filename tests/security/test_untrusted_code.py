@@ -50,14 +50,19 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _edited(source: Path, target: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
-    """A copy of the dump ``source`` with ``edit`` applied to each of its records."""
+def _edited(source: Path, target: Path, edit: Callable[[dict[str, Any]], Any]) -> Path:
+    """A copy of the dump ``source`` with ``edit`` applied to each of its records (a record it
+    returns False for is dropped)."""
     shutil.copytree(source, target)
     records = target / "rank0" / "records.jsonl"
     rows = [json.loads(line) for line in records.read_text().splitlines()]
-    for row in rows:
-        edit(row)
-    records.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    kept = [row for row in rows if edit(row) is not False]
+    records.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    (target / "rank0" / "rank.json").write_text(
+        json.dumps(
+            {**json.loads((source / "rank0" / "rank.json").read_text()), "records": len(kept)}
+        )
+    )
     return target
 
 
@@ -249,10 +254,13 @@ def test_replay_leaves_process_state_alone(
 ) -> None:
     name = f"Torch.{op}.0.forward"
 
-    def edit(row: dict[str, Any]) -> None:
+    def edit(row: dict[str, Any]) -> bool:  # the call becomes torch.<op>(value)
+        if row["name"] == MUL and row["slot"] == "input.1":
+            return False
         if row["name"] == MUL and row["slot"] == "input.0":
             row.update(dtype=None, shape=None, stats=None, data=None, value=value)
         _as_call(name, "Torch", op)(row)
+        return True
 
     dump = _edited(clean, tmp_path / "crafted", edit)
     before = state()

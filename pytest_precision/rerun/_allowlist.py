@@ -44,8 +44,8 @@ _FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     (
         re.compile(
-            r"^(compile|jit|script|trace|hub|cuda|npu|xpu|mps|distributed|autograd|backends|ops"
-            r"|library|profiler|multiprocessing|fork|wait|vmap|cond|while_loop|backward)$"
+            r"^(compile|jit|script|trace|hub|distributed|autograd|backends|ops|library|profiler"
+            r"|multiprocessing|fork|wait|vmap|cond|while_loop|backward)$"
         ),
         "is a compiler, device or process level function, not a computation",
     ),
@@ -98,8 +98,8 @@ def _refusal(kind: str, op: str) -> str | None:
         return None
     if name.startswith("__"):
         return "is a dunder: not an op capture records as a computation"
-    for pattern, reason in _FAMILIES:
-        if pattern.search(name):
+    for pattern, reason in _FAMILIES:  # torch_npu's npu_set_* as well as torch's set_*
+        if pattern.search(name) or pattern.search(name.removeprefix("npu_")):
             return reason
     if kind in ("NPU", "Npu") or name.startswith("npu_"):
         return None if name.startswith("npu_") else "is not a torch_npu op (npu_*)"

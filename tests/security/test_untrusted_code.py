@@ -295,6 +295,8 @@ def test_replay_leaves_process_state_alone(
         ("Functional", "boolean_dispatch", "not a computation"),
         ("VF", "__dict__", "dunder"),
         ("NPU", "set_device", "process-wide state"),
+        ("NPU", "npu_set_device", "process-wide state"),
+        ("Torch", "npu_manual_seed", "random number generator"),
     ],
 )
 def test_functions_that_do_more_than_compute_are_refused(kind: str, op: str, reason: str) -> None:
@@ -317,6 +319,7 @@ def test_functions_that_do_more_than_compute_are_refused(kind: str, op: str, rea
         ("Tensor", "__iadd__"),
         ("Tensor", "__getitem__"),
         ("Tensor", "float"),
+        ("Tensor", "cuda"),
         ("Tensor", "T"),
         ("Tensor", "masked_fill_"),
         ("Functional", "linear"),

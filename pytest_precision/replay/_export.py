@@ -170,7 +170,7 @@ def render_test(
         golden_option=golden_option,
         test_name=name_slug(name),
     )
-    compile(text, file, "exec")  # a guard: a SyntaxError here is a bug of this function
+    compile(text, "<exported test>", "exec")  # a guard: a SyntaxError here is a bug here
     return text
 
 

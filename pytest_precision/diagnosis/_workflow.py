@@ -26,7 +26,7 @@ from ..compare._results import DumpComparison
 from ..output._checklist import diff_configs
 from ..output._tokens import LOGPROB_TOL, TIE_MARGIN, TokenComparison, compare_tokens
 from ..output._weights import fingerprint_weights
-from ..replay._export import export_test
+from ..replay._export import export_test, name_slug
 from ..replay._verdict import ReplayResult, replay_op
 from ..runtime._devices import available_devices
 from ..runtime._environment import ChecklistDiff, diff_environment
@@ -416,8 +416,7 @@ def _replay(
 def _export(
     comparison: DumpComparison, divergence: Any, folder: Path, steps: list[DiagnosisStep]
 ) -> Path | None:
-    slug = re.sub(r"\W+", "_", divergence.name).strip("_").lower()
-    file = folder / f"test_replay_{slug}.py"
+    file = folder / f"test_replay_{name_slug(divergence.name)}.py"
     try:
         export_test(
             comparison.target,
@@ -428,7 +427,7 @@ def _export(
             rank=divergence.rank,
             force=True,
         )
-    except PrecisionError as exc:
+    except (PrecisionError, OSError) as exc:  # the diagnosis stands without its export
         steps.append(DiagnosisStep("export", f"no test exported: {exc}"))
         return None
     steps.append(DiagnosisStep("export", str(file)))

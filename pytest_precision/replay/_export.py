@@ -7,6 +7,8 @@ the model is needed to reproduce the verdict.
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -22,18 +24,52 @@ from ..rerun._recompute import find_call
 
 _TEMPLATE = '''"""Replay of {name} from {source}.
 
-Exported by pytest-precision {version}: the folder {dump_folder!r} next to this file holds only
+Exported by pytest-precision {version}: the folder {dump_folder} next to this file holds only
 this call's recorded inputs and outputs. Run `pytest {file}` with pytest-precision installed;
 the test fails when the op, rerun alone, lands outside its dtype's rounding envelope.
 """
 
 import pytest
 
+#: The recorded call, exactly as the dump names it.
+CALL = {call_literal}
 
-@pytest.mark.replay({dump_folder!r}, ops={glob!r}{golden_option})
+
+@pytest.mark.replay({dump_literal}, ops={glob_literal}{golden_option})
 def test_{test_name}(replay_case):
+    assert replay_case.name == CALL
     replay_case.check()
 '''
+
+#: Longest slug of a call name in a file or function name; longer ones end in a hash.
+_SLUG_LIMIT = 64
+
+
+def name_slug(name: str) -> str:
+    """``name`` as a lowercase ASCII identifier fragment for file and test names. A long name,
+    or one with characters capture never writes, is cut and ends with a hash of the whole name,
+    so such names stay distinct and no file name outgrows what file systems allow (255
+    bytes)."""
+    slug = re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+    if len(slug) <= _SLUG_LIMIT and re.fullmatch(r"[A-Za-z0-9_.]*", name):
+        return slug  # a name as capture writes them reads as itself
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{slug[: _SLUG_LIMIT - len(digest) - 1].rstrip('_')}_{digest}"
+
+
+def _literal(value: str) -> str:
+    """``value`` as a Python literal that reads back as exactly ``value`` (data, never code)."""
+    text = repr(value)
+    if ast.literal_eval(text) != value:  # repr of a str always reads back; a guard, not a hope
+        raise PrecisionError(f"cannot write {value!r} as a Python literal")
+    return text
+
+
+def _docstring_text(value: str, limit: int = 120) -> str:
+    """``value`` for a docstring: printable ASCII without quotes or backslashes (nothing that
+    could end the docstring or start an escape), cut to ``limit`` characters."""
+    text = re.sub(r"[^ -~]|[\\\"\']", "?", value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def export_test(
@@ -86,34 +122,56 @@ def export_test(
         raise PrecisionError(
             f"{', '.join(map(str, existing))} already exist(s); pass --force to overwrite"
         )
-    info = {
-        "level": "op",
-        "mode": "tensor",
-        "exported_from": str(Path(target.path).resolve()),
-        "recorded_environment": target.environment,
-        "call": call.name,
-    }
-    write_calls([call], folders["dump"], info=info, replace=force)
-    if golden_call is not None:
-        info = {
-            **info,
-            "exported_from": str(Path(golden_dump.path).resolve()),
-            "recorded_environment": golden_dump.environment,
-        }
-        write_calls([golden_call], folders["golden"], info=info, replace=force)
-    golden_option = f", golden={folders['golden'].name!r}" if "golden" in folders else ""
-    text = _TEMPLATE.format(
-        name=call.name,
-        source=target.path,
-        version=__version__,
-        dump_folder=folders["dump"].name,
+    text = render_test(
+        call.name,
+        source=str(target.path),
         file=test_file.name,
-        glob=re.sub(r"([*?\[])", r"[\1]", call.name),
-        golden_option=golden_option,
-        test_name=re.sub(r"\W+", "_", call.name).strip("_").lower(),
+        dump_folder=folders["dump"].name,
+        golden_folder=folders["golden"].name if "golden" in folders else None,
     )
-    atomic_write(test_file, text.encode())
+    try:
+        info = {
+            "level": "op",
+            "mode": "tensor",
+            "exported_from": str(Path(target.path).resolve()),
+            "recorded_environment": target.environment,
+            "call": call.name,
+        }
+        write_calls([call], folders["dump"], info=info, replace=force)
+        if golden_call is not None:
+            info = {
+                **info,
+                "exported_from": str(Path(golden_dump.path).resolve()),
+                "recorded_environment": golden_dump.environment,
+            }
+            write_calls([golden_call], folders["golden"], info=info, replace=force)
+        atomic_write(test_file, text.encode())
+    except OSError as exc:  # a file name too long for the file system, a read-only folder
+        raise PrecisionError(f"{exc.filename or test_file}: cannot write: {exc.strerror}") from None
     return written
+
+
+def render_test(
+    name: str, *, source: str, file: str, dump_folder: str, golden_folder: str | None
+) -> str:
+    """The test file replaying the call ``name``: valid Python whatever the names hold (they
+    come from the dump), with every name written as a literal that reads back exactly and only
+    a sanitized form of them in the docstring."""
+    golden_option = "" if golden_folder is None else f", golden={_literal(golden_folder)}"
+    text = _TEMPLATE.format(
+        name=_docstring_text(name),
+        source=_docstring_text(source),
+        version=__version__,
+        dump_folder=_docstring_text(dump_folder),
+        file=_docstring_text(file),
+        call_literal=_literal(name),
+        dump_literal=_literal(dump_folder),
+        glob_literal=_literal(re.sub(r"([*?\[])", r"[\1]", name)),
+        golden_option=golden_option,
+        test_name=name_slug(name),
+    )
+    compile(text, "<exported test>", "exec")  # a guard: a SyntaxError here is a bug here
+    return text
 
 
 def _overlap(a: Path, b: Path) -> bool:

@@ -11,8 +11,14 @@ import torch
 from ..dump._records import Call, Record
 from ._ops import NotReplayable
 
-#: Values recorded as strings that torch wants back as objects (``"torch.float32"``).
-_TORCH_OBJECTS = (torch.dtype, torch.memory_format, torch.layout)
+#: Values recorded as strings that torch wants back as objects (``"torch.float32"``): torch's
+#: dtypes, memory formats and layouts only, read from its namespace without a lookup the dump
+#: could steer to anything else (a recorded "torch.save" stays a string, never a callable).
+_TORCH_OBJECTS = {
+    f"torch.{name}": value
+    for name, value in vars(torch).items()
+    if isinstance(value, (torch.dtype, torch.memory_format, torch.layout))
+}
 
 
 class _Leaf:
@@ -26,9 +32,8 @@ class _Leaf:
 
 def _decoded(value: Any) -> Any:
     """A recorded JSON value as torch expects it: dtype strings back to ``torch.dtype`` etc."""
-    if isinstance(value, str) and value.startswith("torch."):
-        found = getattr(torch, value.removeprefix("torch."), None)
-        return found if isinstance(found, _TORCH_OBJECTS) else value
+    if isinstance(value, str):
+        return _TORCH_OBJECTS.get(value, value)
     if isinstance(value, list):
         return [_decoded(item) for item in value]
     if isinstance(value, dict):

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from .._errors import PrecisionError
+from .._text import shown
 from ..dump._records import Call
+from ._allowlist import refusal
 
 
 class NotReplayable(PrecisionError):
@@ -29,7 +31,7 @@ _RANDOM = frozenset({
     "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
     "bernoulli", "multinomial", "normal", "uniform", "exponential", "geometric", "cauchy",
     "log_normal", "random", "poisson", "binomial", "gumbel_softmax", "fused_dropout",
-    "rrelu_with_noise",
+    "rrelu_with_noise", "pca_lowrank", "svd_lowrank",
 })
 
 
@@ -187,7 +189,8 @@ _FINDERS: dict[str, Callable[[str, Call], Any]] = {
 def resolve_op(call: Call) -> Callable[..., Any]:
     """The callable a recorded op name refers to, looked up now (a patched function is the one
     under test). Raises NotReplayable for module calls, unknown names, backward calls,
-    uninitialized-memory, random and communication ops, and NPU ops without torch_npu."""
+    uninitialized-memory, random and communication ops, NPU ops without torch_npu, and every
+    function that does not compute (files, global state: see ``_allowlist``)."""
     if call.kind == "Module":
         raise NotReplayable(
             f"{call.name} is a module's forward, not an op: replay reruns single ops "
@@ -203,9 +206,12 @@ def resolve_op(call: Call) -> Callable[..., Any]:
         )
     _refuse_by_name(call)
     assert finder is not None  # a collective was refused above
-    found = finder(call.op, call)
+    found = finder(call.op, call)  # an attribute lookup: nothing named is called yet
     if found is None or not callable(found) or inspect.isclass(found):
         raise NotReplayable(
             f"{call.name}: no {call.kind} op {call.op!r} in this torch ({torch.__version__})"
         )
+    reason = refusal(call.kind, call.op)
+    if reason is not None:
+        raise NotReplayable(f"not rerun: {shown(f'{call.kind}.{call.op}')} {reason}")
     return found

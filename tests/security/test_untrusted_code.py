@@ -110,6 +110,7 @@ def test_an_exported_test_fails_when_the_op_is_wrong(
     export_test(dump, name, pytester.path / "test_crafted.py")
     pytester.makeconftest(
         """
+        import pytest
         import torch
         import torch.nn.functional as F
 
@@ -120,7 +121,9 @@ def test_an_exported_test_fails_when_the_op_is_wrong(
             return right(x, *args, **kwargs) * (1.01 if x.dtype == torch.float32 else 1.0)
 
 
-        F.softmax = float32_bug
+        @pytest.fixture(autouse=True)
+        def _broken_softmax(monkeypatch):  # undone after the test: pytester runs in-process
+            monkeypatch.setattr(F, "softmax", float32_bug)
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-q")

@@ -76,7 +76,7 @@ def test_values_asserted_in_fixture_teardown_are_kept(pytester: pytest.Pytester)
     first = pytester.runpytest("--golden-dir", "goldens", "--golden-update", "-v")
     first.stdout.fnmatch_lines(["*::test_both UPDATED*", "*::test_teardown_only UPDATED*"])
     assert first.parseoutcomes() == {"passed": 1, "updated": 2}
-    golden = pytester.path / "goldens" / "test_teardown" / "test_both.safetensors"
+    golden = pytester.path / "goldens" / "test_teardown.py" / "test_both.safetensors"
     assert sorted(read_golden(golden).entries) == ["final_state", "x"]
     again = pytester.runpytest("--golden-dir", "goldens", "--golden-update")
     assert again.parseoutcomes() == {"passed": 2}

@@ -226,11 +226,13 @@ class SavedRun:
             raise PrecisionInputError(f"{file}: unreadable saved run ({exc})") from exc
         from safetensors.torch import load_file
 
+        if not (self.path / _LOGPROBS).is_file():
+            raise PrecisionInputError(f"{self.path}: incomplete saved run (no {_LOGPROBS})")
         try:
             logprobs = load_file(str(self.path / _LOGPROBS))["logprobs"]
-        except Exception as exc:  # missing, damaged, or without the tensor: safetensors' types
+        except Exception as exc:  # damaged, or without the tensor: safetensors' error types
             raise PrecisionInputError(
-                f"{self.path / _LOGPROBS}: unreadable saved run ({type(exc).__name__}: {exc})"
+                f"{self.path / _LOGPROBS}: unreadable saved run ({exc})"
             ) from None
         self.generation = Generation(self.prompt, self.attention_mask, tokens, logprobs)
         self.config: dict[str, Any] | None = record.get("config")

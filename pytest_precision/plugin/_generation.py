@@ -140,8 +140,9 @@ def assert_same_generation(
         try:
             golden = SavedRun(stored)
         except (PrecisionError, OSError) as exc:  # a file of the baseline lost or damaged
+            problem = exc.args[0] if isinstance(exc, PrecisionError) else exc
             raise PrecisionError(
-                f"{stored}: stored generation is incomplete or unreadable ({exc}); "
+                f"stored generation of this test is incomplete or unreadable: {problem}; "
                 "record it again with --golden-update"
             ) from None
     d = diagnose(

@@ -99,6 +99,8 @@ class GoldenPlugin:
         self.dtype_tolerances = _dtype_tolerances(config)
         if (self.update or self.prune) and self.golden_dir is None:
             raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
+        if self.update and self.golden_dir.exists() and not self.golden_dir.is_dir():
+            raise pytest.UsageError(f"--golden-update: --golden-dir {self.golden_dir} is a file")
         if self.update and not is_golden_dir(self.golden_dir):
             raise pytest.UsageError(
                 f"--golden-update cannot write into {self.golden_dir}: it is a dump (or another "

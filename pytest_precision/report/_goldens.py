@@ -116,7 +116,7 @@ def _number(value: Any) -> str:
 def _summary_line(record: dict[str, Any]) -> str:
     head = f"{record['status'].upper():<9} {record['test']} {record['name']}"
     worst = record.get("worst")
-    if worst is None:
+    if worst is None or record.get("unwritten"):
         return f"{head}: {record['message'].splitlines()[0] if record['message'] else ''}"
     where = f"{worst['path']} " if worst["path"] else ""
     return (

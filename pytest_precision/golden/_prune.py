@@ -51,7 +51,8 @@ def find_unused(
 ) -> Unused:
     """The files under ``scopes`` (golden folders the run covered) that no used path claims."""
     scopes = list(scopes)
-    goldens, left_alone = [], []
+    goldens: list[PurePosixPath] = []
+    left_alone: list[PurePosixPath] = []
     for path in list_goldens(directory):
         if is_used(path, used) or not any(_is_under(path, scope) for scope in scopes):
             continue

@@ -99,22 +99,8 @@ class GoldenPlugin:
         self.dtype_tolerances = _dtype_tolerances(config)
         if (self.update or self.prune) and self.golden_dir is None:
             raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
-        if self.update and self.golden_dir.exists() and not self.golden_dir.is_dir():
-            raise pytest.UsageError(f"--golden-update: --golden-dir {self.golden_dir} is a file")
-        if self.update and not is_golden_dir(self.golden_dir):
-            raise pytest.UsageError(
-                f"--golden-update cannot write into {self.golden_dir}: it is a dump (or another "
-                f"folder without {MARKER}), not a golden directory"
-            )
-        if self.update and not hasattr(config, "workerinput"):
-            # Marked before any xdist worker starts: a half-written folder never looks like a dump.
-            try:
-                mark_golden_dir(self.golden_dir)
-            except OSError as exc:
-                raise pytest.UsageError(
-                    f"--golden-dir {self.golden_dir}: cannot create the golden directory "
-                    f"({exc.strerror or exc})"
-                ) from None
+        if self.update and self.golden_dir is not None:
+            _check_writable(self.golden_dir, mark=not hasattr(config, "workerinput"))
         self._source: GoldenSource | PrecisionError | None = None
         self.records: list[dict[str, Any]] = []
         # what the run's collection used: golden paths, and whether it was narrowed
@@ -439,6 +425,28 @@ def _dtype_tolerances(config: pytest.Config) -> dict[torch.dtype, Tolerance]:
         raise pytest.UsageError(str(exc)) from None
 
 
+def _check_writable(golden_dir: Path, *, mark: bool) -> None:
+    """``--golden-update`` needs a golden directory it can create: anything else is a usage
+    error at start-up, never a failure per test. ``mark``: this process (not an xdist worker)
+    writes the marker, before any worker starts, so a half-written folder never looks like a
+    dump."""
+    if golden_dir.exists() and not golden_dir.is_dir():
+        raise pytest.UsageError(f"--golden-update: --golden-dir {golden_dir} is a file")
+    if not is_golden_dir(golden_dir):
+        raise pytest.UsageError(
+            f"--golden-update cannot write into {golden_dir}: it is a dump (or another "
+            f"folder without {MARKER}), not a golden directory"
+        )
+    if mark:
+        try:
+            mark_golden_dir(golden_dir)
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"--golden-dir {golden_dir}: cannot create the golden directory "
+                f"({exc.strerror or exc})"
+            ) from None
+
+
 def _marker_tolerance(item: pytest.Item) -> Tolerance:
     from ..golden._tolerances import Tolerance
 
@@ -476,7 +484,7 @@ def _mark_unwritten(item: pytest.Item, test_id: str, problem: str) -> None:
     for i, (name, value) in enumerate(item.user_properties):
         if not isinstance(name, str) or not name.startswith(PROPERTY_PREFIX):
             continue
-        record = json.loads(value)
+        record = json.loads(str(value))
         if record["test"] == test_id and record["status"] in UPDATED:
             record.update(status="error", message=f"not written ({problem})", unwritten=True)
             item.user_properties[i] = (name, json.dumps(record, sort_keys=True))

@@ -69,7 +69,8 @@ def test_a_golden_at_the_older_layout_is_read_then_moved_by_update(
     assert legacy.is_file()
 
     assert pytester.runpytest("--golden-dir", "g", "--golden-update").ret == 0
-    assert current.is_file() and not legacy.exists()
+    assert current.is_file()
+    assert not legacy.exists()
     again = pytester.runpytest("--golden-dir", "g")
     again.assert_outcomes(passed=1)
     again.stdout.no_fnmatch_line("*older layout*")
@@ -105,7 +106,9 @@ def test_prune_deletes_only_unused_goldens(pytester: pytest.Pytester) -> None:
     )
     assert "generation.run" not in result.stdout.str()
     assert not stale.exists()
-    assert kept.is_file() and weights.is_file() and (baseline / "logprobs.safetensors").is_file()
+    assert kept.is_file()
+    assert weights.is_file()
+    assert (baseline / "logprobs.safetensors").is_file()
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["pruned"] == ["test_keep.py/test_gone.safetensors"]
     assert report["left_alone"] == ["weights.safetensors"]
@@ -128,7 +131,9 @@ def test_an_incomplete_generation_baseline_fails_clearly(pytester: pytest.Pytest
     (baseline / "run.json").write_text(json.dumps(run))
     result = pytester.runpytest("--golden-dir", "g")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["E  *stored generation of this test is incomplete*--golden-update"])
+    result.stdout.fnmatch_lines(
+        ["E  *stored generation of this test is incomplete*--golden-update"]
+    )
     result.stdout.no_fnmatch_line("*FileNotFoundError*")
 
 

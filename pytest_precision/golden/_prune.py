@@ -49,12 +49,19 @@ def is_used(path: PurePosixPath, used: Set[PurePosixPath]) -> bool:
 def find_unused(
     directory: Path, used: Set[PurePosixPath], scopes: Iterable[PurePosixPath]
 ) -> Unused:
-    """The files under ``scopes`` (golden folders the run covered) that no used path claims."""
+    """The files under ``scopes`` (golden folders the run covered) that no used path claims.
+
+    A run of part of the tree (``pytest tests/sub``) leaves out files without a ``.py`` folder
+    in their path: one at the older layout's path (``tests/sub/test_x.safetensors``) may belong
+    to ``tests/sub.py``, which that run did not collect."""
     scopes = list(scopes)
+    whole_tree = any(str(scope) == "." for scope in scopes)
     goldens: list[PurePosixPath] = []
     left_alone: list[PurePosixPath] = []
     for path in list_goldens(directory):
         if is_used(path, used) or not any(_is_under(path, scope) for scope in scopes):
+            continue
+        if not whole_tree and not any(p.endswith(".py") for p in path.parent.parts):
             continue
         (left_alone if golden_schema(directory / path) is None else goldens).append(path)
     return Unused(goldens, left_alone)

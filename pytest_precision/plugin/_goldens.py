@@ -314,8 +314,7 @@ class GoldenPlugin:
             except ValueError:
                 self.narrowed_by.add(f"the argument {arg} outside the rootdir")
                 return None
-            for legacy in (False, True):
-                scopes.append(golden_scope(PurePosixPath(relative.as_posix()), legacy=legacy))
+            scopes.append(golden_scope(PurePosixPath(relative.as_posix())))
         return scopes
 
     def _find_unused(self) -> None:

@@ -89,3 +89,13 @@ def test_find_unused_splits_goldens_from_other_files(tmp_path: Path) -> None:
     found = find_unused(tmp_path, set(), [PurePosixPath(".")])
     assert found.goldens == [PurePosixPath("t.py/test_gone.safetensors")]
     assert found.left_alone == [PurePosixPath("t.py/weights.safetensors")]
+
+
+def test_a_partial_run_never_prunes_a_file_the_older_layout_may_share(tmp_path: Path) -> None:
+    # tests/sub/test_x.safetensors: tests/sub.py::test_x (older layout) or tests/sub/<file>
+    for name in ("tests/sub/test_x.safetensors", "tests/sub/test_m.py/test_y.safetensors"):
+        write_golden(tmp_path / name, {"x": flatten(torch.ones(2), "x")}, {})
+    partial = find_unused(tmp_path, set(), [PurePosixPath("tests/sub")])
+    assert partial.goldens == [PurePosixPath("tests/sub/test_m.py/test_y.safetensors")]
+    whole = find_unused(tmp_path, set(), [PurePosixPath(".")])
+    assert len(whole.goldens) == 2

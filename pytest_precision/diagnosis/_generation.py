@@ -226,7 +226,14 @@ class SavedRun:
             raise PrecisionInputError(f"{file}: unreadable saved run ({exc})") from exc
         from safetensors.torch import load_file
 
-        logprobs = load_file(str(self.path / _LOGPROBS))["logprobs"]
+        if not (self.path / _LOGPROBS).is_file():
+            raise PrecisionInputError(f"{self.path}: incomplete saved run (no {_LOGPROBS})")
+        try:
+            logprobs = load_file(str(self.path / _LOGPROBS))["logprobs"]
+        except Exception as exc:  # damaged, or without the tensor: safetensors' error types
+            raise PrecisionInputError(
+                f"{self.path / _LOGPROBS}: unreadable saved run ({exc})"
+            ) from None
         self.generation = Generation(self.prompt, self.attention_mask, tokens, logprobs)
         self.config: dict[str, Any] | None = record.get("config")
         self.fingerprint: dict[str, Any] = record.get("fingerprint") or {}

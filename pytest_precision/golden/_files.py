@@ -26,9 +26,9 @@ from .._atomic import atomic_write
 from .._errors import DumpFormatError, PrecisionInputError
 from ..numerics._assertions import to_tensor
 from ..numerics._nested import is_leaf
+from ._layout import METADATA_KEY as _METADATA_KEY
 from ._layout import SCHEMA_VERSION
 
-_METADATA_KEY = "pytest_precision.golden"
 #: A stored float64 reference's key: the golden tensor's key plus this.
 REFERENCE_SUFFIX = "@reference"
 

@@ -93,6 +93,8 @@ class Golden:
                 f"--golden-update cannot write into {self.source.path}: it is a dump, not a "
                 "golden directory"
             )
+        if update and isinstance(self.source, GoldenDirectory):
+            self.source.migrate(test_id)  # a golden at the older layout's path moves first
         self.test_id = test_id
         self.seed = seed
         self.update = update

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from ..dump import Dump, Record
 from ..runtime._devices import flat_fingerprint
 from ..runtime._environment import ENVIRONMENT_ORDER, diff_flat
 from ._files import GoldenFile, read_golden
-from ._layout import MARKER, golden_relpath, is_golden_dir
+from ._layout import MARKER, golden_relpath, is_golden_dir, legacy_golden_relpath
 
 
 def environment_record(
@@ -72,11 +73,52 @@ class GoldenDirectory:
         self.path = path
 
     def file_for(self, test_id: str) -> Path:
-        return self.path / golden_relpath(test_id)
+        """The test's golden file: at its path, or at the older layout's path while only that
+        one exists (until ``--golden-update`` moves it, see :meth:`migrate`)."""
+        path = self.path / golden_relpath(test_id)
+        legacy = self.path / legacy_golden_relpath(test_id)
+        return legacy if not path.exists() and legacy.is_file() else path
+
+    def baseline_for(self, test_id: str, name: str) -> Path:
+        """The folder where ``assert_same_generation(None, ...)`` keeps the test's run ``name``:
+        next to its golden file, at either layout's path as :meth:`file_for` picks."""
+        path = self.path / golden_relpath(test_id)
+        legacy = self.path / legacy_golden_relpath(test_id)
+        if not _run_folder(path, name).exists() and _run_folder(legacy, name).exists():
+            return _run_folder(legacy, name)
+        return _run_folder(path, name)
+
+    def migrate(self, test_id: str) -> None:
+        """Move the test's golden file and generation baselines from the older layout's path to
+        the current one (one rename each); what cannot move stays where it is read from. Two
+        tests that shared an old path (the collision the new layout fixes): the first moves it."""
+        path = self.path / golden_relpath(test_id)
+        legacy = self.path / legacy_golden_relpath(test_id)
+        if legacy == path or not legacy.parent.is_dir():
+            return
+        moves = [(legacy, path)] + [
+            (run, _run_folder(path, run.name[len(legacy.name) + 1 : -len(".run")]))
+            for run in legacy.parent.glob(f"{glob_escape(legacy.name)}.*.run")
+        ]
+        for source, target in moves:
+            if target.exists() or not source.exists():
+                continue
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(source, target)
+            except OSError:  # moved by another worker, or a read-only folder: read in place
+                continue
 
     def read(self, test_id: str) -> GoldenFile | None:
         path = self.file_for(test_id)
-        return read_golden(path) if path.exists() else None
+        try:
+            return read_golden(path) if path.exists() else None
+        except FileNotFoundError:  # moved by a concurrent --golden-update between the checks
+            return None
+
+
+def _run_folder(golden_file: Path, name: str) -> Path:
+    return golden_file.with_name(f"{golden_file.name}.{name}.run")
 
 
 class DumpGoldens:

@@ -17,6 +17,7 @@ from ..diagnosis._generation import RUN_FILE, SavedRun, save_run
 from ..diagnosis._results import Diagnosis
 from ..diagnosis._workflow import diagnose as run_diagnosis
 from ..golden._active import active_factory
+from ..golden._sources import GoldenDirectory
 from ..output._common import OutputCheckFailed
 from ..output._tokens import LOGPROB_TOL, TIE_MARGIN
 from ..report._html import diagnosis_html
@@ -93,6 +94,8 @@ def _stored_golden(name: str) -> tuple[Path | None, bool]:
     root = Path(golden.source.path)
     if (root / RUN_FILE).is_file():  # the golden dir is itself a run saved elsewhere
         return root, False
+    if isinstance(golden.source, GoldenDirectory):
+        return golden.source.baseline_for(golden.test_id, name), golden.update
     return Path(f"{golden.location}.{name}.run"), golden.update
 
 
@@ -136,7 +139,14 @@ def assert_same_generation(
             raise PrecisionError(
                 f"{stored}: no stored generation for this test; record it with --golden-update"
             )
-        golden = SavedRun(stored)
+        try:
+            golden = SavedRun(stored)
+        except (PrecisionError, OSError) as exc:  # a file of the baseline lost or damaged
+            problem = exc.args[0] if isinstance(exc, PrecisionError) else exc
+            raise PrecisionError(
+                f"stored generation of this test is incomplete or unreadable: {problem}; "
+                "record it again with --golden-update"
+            ) from None
     d = diagnose(
         golden,
         target,

@@ -27,10 +27,10 @@ from ..golden._layout import (
     golden_relpath,
     golden_scope,
     is_golden_dir,
-    list_goldens,
-    list_stale_temps,
+    legacy_golden_relpath,
     mark_golden_dir,
 )
+from ..golden._prune import find_unused, prune
 from ..report._goldens import golden_report_document, golden_summary_lines, record_order
 
 if TYPE_CHECKING:
@@ -99,18 +99,16 @@ class GoldenPlugin:
         self.dtype_tolerances = _dtype_tolerances(config)
         if (self.update or self.prune) and self.golden_dir is None:
             raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
-        if self.update and not is_golden_dir(self.golden_dir):
-            raise pytest.UsageError(
-                f"--golden-update cannot write into {self.golden_dir}: it is a dump (or another "
-                f"folder without {MARKER}), not a golden directory"
-            )
-        if self.update and not hasattr(config, "workerinput"):
-            # Marked before any xdist worker starts: a half-written folder never looks like a dump.
-            mark_golden_dir(self.golden_dir)
+        if self.update and self.golden_dir is not None:
+            _check_writable(self.golden_dir, mark=not hasattr(config, "workerinput"))
         self._source: GoldenSource | PrecisionError | None = None
         self.records: list[dict[str, Any]] = []
         # what the run's collection used: golden paths, and whether it was narrowed
         self.used: set[PurePosixPath] = set()
+        # the older layout's paths of the same tests: read (and kept) while they exist
+        self.legacy: set[PurePosixPath] = set()
+        self.legacy_found: list[PurePosixPath] = []
+        self.left_alone: list[PurePosixPath] = []
         self.collected = False
         self.narrowed_by: set[str] = set()
         self.unused: list[PurePosixPath] | None = None
@@ -165,21 +163,35 @@ class GoldenPlugin:
     def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
         # Values are written after teardown, so a fixture's teardown may assert goldens too;
         # only a test that ran to the end of its teardown has stale names to drop.
-        complete = False
         try:
             result = yield
-            complete = item.stash.get(_call_passed_key, False)
-            return result
-        finally:
-            token = item.stash.get(_token_key, None)
-            if token is not None:
-                deactivate(token)
-                del item.stash[_token_key]
-            self._flush(item, complete=complete)
+        except BaseException:
+            self._end_test(item, complete=False)
+            raise
+        unwritten = self._end_test(item, complete=item.stash.get(_call_passed_key, False))
+        if unwritten:  # the test errors at teardown: its goldens are not on disk
+            pytest.fail(f"golden update not written: {'; '.join(unwritten)}", pytrace=False)
+        return result
 
-    def _flush(self, item: pytest.Item, *, complete: bool) -> None:
+    def _end_test(self, item: pytest.Item, *, complete: bool) -> list[str]:
+        token = item.stash.get(_token_key, None)
+        if token is not None:
+            deactivate(token)
+            del item.stash[_token_key]
+        return self._flush(item, complete=complete)
+
+    def _flush(self, item: pytest.Item, *, complete: bool) -> list[str]:
+        """Write the test's goldens; a write that fails (full or read-only disk) turns the
+        records it would have made true into errors, and is returned as one line each."""
+        unwritten = []
         for golden in item.stash.get(_built_key, []):
-            golden.flush(complete=complete)
+            try:
+                golden.flush(complete=complete)
+            except OSError as exc:
+                problem = f"{exc.filename or golden.location}: {exc.strerror or exc}"
+                unwritten.append(problem)
+                _mark_unwritten(item, golden.test_id, problem)
+        return unwritten
 
     def _golden_for(self, item: pytest.Item) -> Golden:
         __tracebackhide__ = True
@@ -241,8 +253,11 @@ class GoldenPlugin:
             relative = PurePosixPath(path.relative_to(self.config.rootpath).as_posix())
         except ValueError:
             return False
-        scope = self.golden_dir / golden_scope(relative)
-        return scope.is_dir() or scope.with_name(scope.name + SUFFIX).is_file()
+        for legacy in (False, True):
+            scope = self.golden_dir / golden_scope(relative, legacy=legacy)
+            if scope.is_dir() or scope.with_name(scope.name + SUFFIX).is_file():
+                return True
+        return False
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -253,6 +268,7 @@ class GoldenPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collected = True
         self.used.update(golden_relpath(item.nodeid) for item in session.items)
+        self.legacy.update(legacy_golden_relpath(item.nodeid) for item in session.items)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         worker_output = getattr(self.config, "workeroutput", None)
@@ -260,6 +276,7 @@ class GoldenPlugin:
             worker_output[_WORKER_OUTPUT_KEY] = {
                 "collected": self.collected,
                 "used": sorted(str(p) for p in self.used),
+                "legacy": sorted(str(p) for p in self.legacy),
                 "narrowed_by": sorted(self.narrowed_by),
             }
             return
@@ -279,6 +296,7 @@ class GoldenPlugin:
             return
         self.collected = self.collected or output["collected"]
         self.used.update(PurePosixPath(p) for p in output["used"])
+        self.legacy.update(PurePosixPath(p) for p in output.get("legacy", ()))
         self.narrowed_by.update(output["narrowed_by"])
 
     def _scopes(self) -> list[PurePosixPath] | None:
@@ -307,21 +325,16 @@ class GoldenPlugin:
             return
         if not self.collected:
             return
+        self.legacy_found = sorted(
+            p for p in self.legacy - self.used if (self.golden_dir / p).is_file()
+        )
         scopes = self._scopes()
         if scopes is None or self.narrowed_by:
             return
-        self.unused = [
-            path
-            for path in list_goldens(self.golden_dir)
-            if path not in self.used and any(_is_under(path, scope) for scope in scopes)
-        ]
+        found = find_unused(self.golden_dir, self.used | self.legacy, scopes)
+        self.unused, self.left_alone = found.goldens, found.left_alone
         if self.prune:
-            for path in self.unused:
-                (self.golden_dir / path).unlink()
-                self.pruned.append(str(path))
-            for temp in list_stale_temps(self.golden_dir):
-                temp.unlink()
-            _remove_empty_dirs(self.golden_dir)
+            self.pruned = prune(self.golden_dir, self.unused)
 
     # --- reporting (serial run or xdist controller) ---------------------------------------------
 
@@ -355,6 +368,7 @@ class GoldenPlugin:
             update=self.update,
             unused=self.unused,
             pruned=self.pruned,
+            left_alone=self.left_alone,
         )
         atomic_write(self.report_path, document.encode())
 
@@ -362,7 +376,14 @@ class GoldenPlugin:
         if getattr(self.config, "workeroutput", None) is not None:
             return
         skipped_prune = self.prune and self.unused is None
-        if not self.records and not self.unused and not skipped_prune:
+        missing_dir = (
+            self.golden_dir is not None
+            and not self.golden_dir.exists()
+            and any(r["status"] == "missing" for r in self.records)
+        )
+        if not (self.records or self.unused or self.left_alone or self.legacy_found) and not (
+            skipped_prune or missing_dir
+        ):
             return
         terminalreporter.write_sep("=", "golden comparisons (pytest-precision)")
         lines = golden_summary_lines(
@@ -370,6 +391,9 @@ class GoldenPlugin:
             golden_dir=self.golden_dir,
             unused=self.unused,
             pruned=self.pruned,
+            left_alone=self.left_alone,
+            legacy=self.legacy_found,
+            missing_dir=missing_dir,
             prune_skipped_because=(
                 (", ".join(sorted(self.narrowed_by)) or "no collection to compare with")
                 if skipped_prune
@@ -398,6 +422,28 @@ def _dtype_tolerances(config: pytest.Config) -> dict[torch.dtype, Tolerance]:
         return parse_tolerances(lines)
     except PrecisionInputError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _check_writable(golden_dir: Path, *, mark: bool) -> None:
+    """``--golden-update`` needs a golden directory it can create: anything else is a usage
+    error at start-up, never a failure per test. ``mark``: this process (not an xdist worker)
+    writes the marker, before any worker starts, so a half-written folder never looks like a
+    dump."""
+    if golden_dir.exists() and not golden_dir.is_dir():
+        raise pytest.UsageError(f"--golden-update: --golden-dir {golden_dir} is a file")
+    if not is_golden_dir(golden_dir):
+        raise pytest.UsageError(
+            f"--golden-update cannot write into {golden_dir}: it is a dump (or another "
+            f"folder without {MARKER}), not a golden directory"
+        )
+    if mark:
+        try:
+            mark_golden_dir(golden_dir)
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"--golden-dir {golden_dir}: cannot create the golden directory "
+                f"({exc.strerror or exc})"
+            ) from None
 
 
 def _marker_tolerance(item: pytest.Item) -> Tolerance:
@@ -431,11 +477,13 @@ def _records_of(report: pytest.CollectReport | pytest.TestReport) -> list[dict[s
     ]
 
 
-def _is_under(path: PurePosixPath, scope: PurePosixPath) -> bool:
-    return str(scope) == "." or scope in path.parents
-
-
-def _remove_empty_dirs(root: Path) -> None:
-    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
-        if not any(folder.iterdir()):
-            folder.rmdir()
+def _mark_unwritten(item: pytest.Item, test_id: str, problem: str) -> None:
+    """The test's records that said a value was (re)written say it was not: the teardown
+    report, which the summary and the JSON report read, carries them so."""
+    for i, (name, value) in enumerate(item.user_properties):
+        if not isinstance(name, str) or not name.startswith(PROPERTY_PREFIX):
+            continue
+        record = json.loads(str(value))
+        if record["test"] == test_id and record["status"] in UPDATED:
+            record.update(status="error", message=f"not written ({problem})", unwritten=True)
+            item.user_properties[i] = (name, json.dumps(record, sort_keys=True))

@@ -190,6 +190,9 @@ def test_assert_same_generation_against_a_stored_golden(pytester: pytest.Pyteste
     pytester.runpytest_inprocess("--golden-dir", "goldens", "--golden-update").assert_outcomes(
         passed=1
     )
+    pruned = pytester.runpytest_inprocess("--golden-dir", "goldens", "--golden-prune")
+    pruned.stdout.no_fnmatch_line("*unused goldens*")  # the stored run is this test's
+    pruned.stdout.no_fnmatch_line("*left alone*")
     result = pytester.runpytest_inprocess("--golden-dir", "goldens")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*culprit: *{BAD}*", "*report: *report.html*"])

@@ -42,7 +42,7 @@ def _record(tmp_path: Path, **values: Any) -> Path:
 
 def test_record_then_compare(tmp_path: Path) -> None:
     location = _record(tmp_path, out=_value())
-    assert location == tmp_path / "tests/test_model/test_layer[bf16].safetensors"
+    assert location == tmp_path / "tests/test_model.py/test_layer[bf16].safetensors"
     assert (tmp_path / MARKER).is_file()
     comparison = Golden(tmp_path, TEST_ID)(_value(), "out")
     assert comparison is not None

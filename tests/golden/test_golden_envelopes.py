@@ -257,7 +257,7 @@ def test_layer_helper_and_overrides_through_the_plugin(
     monkeypatch.setenv("WHICH", "golden")
     update = pytester.runpytest("--golden-dir", "g", "--golden-update")
     assert update.parseoutcomes() == {"updated": 2}
-    stored = read_golden(pytester.path / "g/test_net/test_envelope.safetensors")
+    stored = read_golden(pytester.path / "g/test_net.py/test_envelope.safetensors")
     assert list(stored.entries) == ["blocks.0", "blocks.1", "blocks.2", "blocks.3", "logits"]
     assert {e.envelope["kind"] for e in stored.entries.values()} == {"reference"}
 

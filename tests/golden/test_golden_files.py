@@ -33,11 +33,11 @@ from pytest_precision.golden._layout import (
     [
         (
             "tests/test_model.py::TestX::test_y[bf16-2]",
-            "tests/test_model/TestX/test_y[bf16-2].safetensors",
+            "tests/test_model.py/TestX/test_y[bf16-2].safetensors",
         ),
-        ("test_a.py::test_b", "test_a/test_b.safetensors"),
-        ("t.py::test_p[a::b]", "t/test_p[a__b]-{}.safetensors"),
-        ("../up/t.py::test", "__-{}/up/t/test.safetensors"),
+        ("test_a.py::test_b", "test_a.py/test_b.safetensors"),
+        ("t.py::test_p[a::b]", "t.py/test_p[a__b]-{}.safetensors"),
+        ("../up/t.py::test", "__-{}/up/t.py/test.safetensors"),
     ],
 )
 def test_golden_relpath_is_readable(nodeid: str, expected: str) -> None:
@@ -54,13 +54,15 @@ def test_golden_relpath_is_safe_and_distinct(param_ids: list[str]) -> None:
     paths = [golden_relpath(f"tests/test_m.py::test_f[{p}]") for p in param_ids]
     assert paths[0] != paths[1]
     for path in paths:
-        assert path.parts[:2] == ("tests", "test_m")
+        assert path.parts[:2] == ("tests", "test_m.py")
         assert all(_SAFE_PART.fullmatch(part) for part in path.parts)
         assert all(part not in (".", "..") for part in path.parts)
 
 
 def test_golden_scope_matches_relpath_folders() -> None:
-    assert golden_scope(PurePosixPath("tests/test_model.py")) == PurePosixPath("tests/test_model")
+    assert golden_scope(PurePosixPath("tests/test_model.py")) == PurePosixPath(
+        "tests/test_model.py"
+    )
     assert golden_scope(PurePosixPath("tests")) == PurePosixPath("tests")
     nodeid_path = golden_relpath("tests/test_model.py::test_x")
     assert golden_scope(PurePosixPath("tests/test_model.py")) in nodeid_path.parents

@@ -43,7 +43,7 @@ def test_marker_and_ini_tolerances(pytester: pytest.Pytester) -> None:
         pytester.runpytest(str(pytester.path), "--golden-update", "--strict-markers")
         mp.setenv("PERTURB", "0.01")
         result = pytester.runpytest(str(pytester.path), "--strict-markers")
-    assert (pytester.path / "data/goldens/test_tol/test_ini.safetensors").is_file()
+    assert (pytester.path / "data/goldens/test_tol.py/test_ini.safetensors").is_file()
     assert not (sub / "data").exists()  # ini paths are relative to the ini file
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["E       #0: FAIL under the exact standard *"])
@@ -205,4 +205,4 @@ def test_ini_golden_dir_may_contain_spaces(
     )
     update = pytester.runpytest_subprocess("--golden-update")
     assert update.parseoutcomes()["updated"] == 1
-    assert (pytester.path / "tests/my goldens/test_a/test_a.safetensors").is_file()
+    assert (pytester.path / "tests/my goldens/test_a.py/test_a.safetensors").is_file()

@@ -76,7 +76,7 @@ def test_values_asserted_in_fixture_teardown_are_kept(pytester: pytest.Pytester)
     first = pytester.runpytest("--golden-dir", "goldens", "--golden-update", "-v")
     first.stdout.fnmatch_lines(["*::test_both UPDATED*", "*::test_teardown_only UPDATED*"])
     assert first.parseoutcomes() == {"passed": 1, "updated": 2}
-    golden = pytester.path / "goldens" / "test_teardown" / "test_both.safetensors"
+    golden = pytester.path / "goldens" / "test_teardown.py" / "test_both.safetensors"
     assert sorted(read_golden(golden).entries) == ["final_state", "x"]
     again = pytester.runpytest("--golden-dir", "goldens", "--golden-update")
     assert again.parseoutcomes() == {"passed": 2}
@@ -101,8 +101,8 @@ def test_unseeded():
     )
     update = pytester.runpytest("--golden-dir", "g", "--golden-update")
     assert update.parseoutcomes() == {"updated": 2}
-    seeded = read_golden(pytester.path / "g/test_seed/test_seeded.safetensors")
-    unseeded = read_golden(pytester.path / "g/test_seed/test_unseeded.safetensors")
+    seeded = read_golden(pytester.path / "g/test_seed.py/test_seeded.safetensors")
+    unseeded = read_golden(pytester.path / "g/test_seed.py/test_unseeded.safetensors")
     assert seeded.environment["seed"].isdigit()
     assert "seed" not in unseeded.environment
 
@@ -123,5 +123,5 @@ def test_stops():
 """
     )
     pytester.runpytest_subprocess("--golden-dir", "g", "--golden-update")
-    stored = read_golden(pytester.path / "g/test_exit/test_stops.safetensors")
+    stored = read_golden(pytester.path / "g/test_exit.py/test_stops.safetensors")
     assert list(stored.entries) == ["x"]

@@ -65,7 +65,7 @@ def test_ci_workflow(model: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) ->
     first.stdout.fnmatch_lines(
         [
             "E       AssertionError: no golden for 'linear' of test_model.py::test_linear: "
-            "*goldens/test_model/test_linear.safetensors does not exist",
+            "*goldens/test_model.py/test_linear.safetensors does not exist",
             "E       record it with:",
             "E         python -m pytest test_model.py::test_linear --golden-dir goldens "
             "--golden-update",
@@ -80,9 +80,9 @@ def test_ci_workflow(model: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) ->
     )
     goldens = model.path / "goldens"
     assert sorted(str(p.relative_to(goldens)) for p in goldens.rglob("*.safetensors")) == [
-        "test_model/test_cast[bf16].safetensors",
-        "test_model/test_cast[f32].safetensors",
-        "test_model/test_linear.safetensors",
+        "test_model.py/test_cast[bf16].safetensors",
+        "test_model.py/test_cast[f32].safetensors",
+        "test_model.py/test_linear.safetensors",
     ]
 
     model.runpytest("--golden-dir", "goldens").assert_outcomes(passed=4)
@@ -112,7 +112,7 @@ def test_ci_workflow(model: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) ->
 def test_unused_goldens_are_listed_and_pruned(model: pytest.Pytester) -> None:
     model.runpytest("--golden-dir", "goldens", "--golden-update").assert_outcomes(passed=1)
     model.makepyfile(test_model=MODEL.replace("def test_linear", "def test_renamed"))
-    stale = "test_model/test_linear.safetensors"
+    stale = "test_model.py/test_linear.safetensors"
 
     unfiltered = model.runpytest("--golden-dir", "goldens", "-p", "no:cacheprovider")
     unfiltered.stdout.fnmatch_lines(
@@ -131,12 +131,12 @@ def test_unused_goldens_are_listed_and_pruned(model: pytest.Pytester) -> None:
     )
     assert (model.path / "goldens" / stale).exists()
 
-    temp = model.path / "goldens/test_model/.test_cast[f32].safetensors.k1ll3d.tmp"
+    temp = model.path / "goldens/test_model.py/.test_cast[f32].safetensors.k1ll3d.tmp"
     temp.write_bytes(b"left by a killed writer")
     model.runpytest("--golden-dir", "goldens", "--golden-prune", "test_model.py")
     assert not (model.path / "goldens" / stale).exists()
     assert not temp.exists()
-    assert (model.path / "goldens/test_model/test_cast[f32].safetensors").exists()
+    assert (model.path / "goldens/test_model.py/test_cast[f32].safetensors").exists()
 
 
 BAD_GOLDENS = """
@@ -175,7 +175,7 @@ def test_bad_goldens_fail_only_their_test(
     pytester.runpytest("--golden-dir", "g", "--golden-update", "-k", "newer").assert_outcomes(
         failed=1
     )
-    corrupt = pytester.path / "g/test_bad/test_corrupt.safetensors"
+    corrupt = pytester.path / "g/test_bad.py/test_corrupt.safetensors"
     corrupt.write_bytes(corrupt.read_bytes()[:40])
     monkeypatch.setenv("CHANGED", "1")
     result = pytester.runpytest("--golden-dir", "g")
@@ -196,7 +196,7 @@ def test_xdist_gives_the_serial_outcomes_and_summary(
     recorded = model.runpytest_subprocess("-n", "2", "--golden-dir", "goldens", "--golden-update")
     assert recorded.parseoutcomes() == {"passed": 1, "updated": 3}
     recorded.stdout.fnmatch_lines(["golden update: recorded 5, rewrote 0 value(s)*"])
-    stale = model.path / "goldens/test_model/test_gone.safetensors"
+    stale = model.path / "goldens/test_model.py/test_gone.safetensors"
     shutil.copy(stale.with_name("test_linear.safetensors"), stale)
 
     monkeypatch.setenv("PERTURB", "0.001")
@@ -214,7 +214,7 @@ def test_xdist_gives_the_serial_outcomes_and_summary(
         report_line.sub("", s) for s in xdist_summary
     ]
     assert serial_report == xdist_report
-    assert xdist_report["unused_goldens"] == ["test_model/test_gone.safetensors"]
+    assert xdist_report["unused_goldens"] == ["test_model.py/test_gone.safetensors"]
     assert [c["status"] for c in xdist_report["comparisons"]] == ["fail"] * 2 + ["pass"] * 2
 
 
@@ -262,7 +262,7 @@ def test_goldens_of_tests_left_out_of_collection_are_never_pruned(
     if args and "deselect" in args[0]:
         monkeypatch.setenv("HAVE_NPU", "1")
     model.makeconftest(conftest)
-    npu_golden = model.path / "goldens" / "test_npu" / "test_npu.safetensors"
+    npu_golden = model.path / "goldens" / "test_npu.py" / "test_npu.safetensors"
     assert npu_golden.is_file()
 
     result = model.runpytest("--golden-dir", "goldens", "--golden-prune", *args)

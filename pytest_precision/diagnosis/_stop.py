@@ -120,7 +120,9 @@ def decide(
             f"the logits stay within noise, but {len(weights)} parameter(s) differ ({names}): "
             "a source; localizing at the prefill",
         )
-    config = [c.key for c in (config_diff.changes if config_diff else ()) if c.key not in _DTYPE_KEYS]
+    config = [
+        c.key for c in (config_diff.changes if config_diff else ()) if c.key not in _DTYPE_KEYS
+    ]
     if config:
         return StopDecision(
             "config",

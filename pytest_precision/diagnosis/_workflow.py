@@ -50,9 +50,11 @@ Renderer = Callable[[Diagnosis], str]
 
 #: Causes where the guilty call computed something wrong itself: worth replaying alone.
 _REPLAYED_CAUSES = ("output", "rerun", "amplification")
-#: Relative change of a weight statistic that counts as a different weight (bf16 rounding of
-#: a weight moves its sums by far less).
+#: Relative change of a weight statistic that counts as a different weight when both sides
+#: hold the same dtype; across dtypes, this many epsilons of the coarser one (a bf16 port's
+#: rounded weights move the checksum by about half an epsilon).
 _WEIGHT_RTOL = 1e-3
+_WEIGHT_EPS = 4.0
 
 
 class _Side:
@@ -291,7 +293,11 @@ def _checklist(
                 else "equal",
             )
         )
-    weights = _weight_changes(g.fingerprint, t.fingerprint)
+    rtol = _WEIGHT_RTOL
+    if g.dtype != t.dtype:
+        coarser = max(torch.finfo(g.dtype).eps, torch.finfo(t.dtype).eps)
+        rtol = max(rtol, _WEIGHT_EPS * coarser)
+    weights = _weight_changes(g.fingerprint, t.fingerprint, rtol)
     names = ", ".join(w.name for w in weights[:5])
     steps.append(
         DiagnosisStep(
@@ -302,7 +308,7 @@ def _checklist(
     return config_diff, environment_diff, weights
 
 
-def _weight_changes(g: dict[str, Any], t: dict[str, Any]) -> tuple[WeightChange, ...]:
+def _weight_changes(g: dict[str, Any], t: dict[str, Any], rtol: float) -> tuple[WeightChange, ...]:
     changes = []
     for name in sorted(set(g) | set(t)):
         a, b = g.get(name), t.get(name)
@@ -315,11 +321,11 @@ def _weight_changes(g: dict[str, Any], t: dict[str, Any]) -> tuple[WeightChange,
         n = max(math.prod(a["shape"]), 1)
         scale = max(abs(float(a["abs_mean"])), 1e-30)
         for key, size in (("mean", scale), ("abs_mean", scale), ("std", scale)):
-            if abs(float(a[key]) - float(b[key])) > _WEIGHT_RTOL * size:
+            if abs(float(a[key]) - float(b[key])) > rtol * size:
                 changes.append(WeightChange(name, key, a[key], b[key]))
                 break
         else:
-            if abs(float(a["checksum"]) - float(b["checksum"])) > _WEIGHT_RTOL * scale * n**0.5:
+            if abs(float(a["checksum"]) - float(b["checksum"])) > rtol * scale * n**0.5:
                 changes.append(WeightChange(name, "checksum", a["checksum"], b["checksum"]))
     return tuple(changes)
 

@@ -14,10 +14,10 @@ from typing import Any
 from .._errors import PrecisionError
 from ..diagnosis._generation import RUN_FILE, SavedRun, save_run
 from ..diagnosis._results import Diagnosis
+from ..diagnosis._stop import NOISE_FACTOR
 from ..diagnosis._workflow import diagnose as run_diagnosis
 from ..golden._active import active_factory
 from ..output._common import OutputCheckFailed
-from ..diagnosis._stop import NOISE_FACTOR
 from ..output._tokens import TIE_MARGIN
 from ..report._html import diagnosis_html
 

@@ -21,8 +21,9 @@ import torch
 from ._generation import Generation, forward_logits
 
 #: Where no float64 rerun runs: the logits' error is taken as this many epsilons of the coarser
-#: side's dtype, times the step's largest finite |logprob| (the spread of its logits). Measured
-#: on the tiny zoo models: honest bf16 ports and fp32 reruns stay within a quarter of it.
+#: side's dtype, times the step's largest finite |logprob| (the spread of its logits). Loose on
+#: purpose: on the tiny models of the tests the measured noise is 1/20 - 1/50 of it in fp32 and
+#: about 1/75 in bf16 (docs/diagnose.md), the price of judging without a rerun.
 ENVELOPE_EPS = 8.0
 #: The float64 rerun's own rounding, the floor of any noise (in epsilons of float64, times the
 #: spread of the logits): a float64 golden against itself has no other error.

@@ -156,7 +156,11 @@ def _metrics(g: Any, t: Any, top_k: int) -> dict[str, Any]:
     g_lp, t_lp = torch.log_softmax(g, -1), torch.log_softmax(t, -1)
     g_p, t_p = g_lp.exp(), t_lp.exp()
     kl_terms = torch.where(g_p > 0, g_p * (g_lp - t_lp), torch.zeros_like(g_p))
-    g_top, t_top = g.argmax(-1), t.argmax(-1)
+    # among a side's tied largest logits, the one the other side ranks highest: chosen by value
+    # on both sides, so the pick does not depend on the vocabulary's order
+    low = torch.full_like(g, -torch.inf)
+    g_top = torch.where(g == g.amax(-1, keepdim=True), t, low).argmax(-1)
+    t_top = torch.where(t == t.amax(-1, keepdim=True), g, low).argmax(-1)
 
     def rank(scores: Any, token: Any) -> Any:  # how many logits beat ``token``'s
         return (scores > scores.gather(-1, token[:, None])).sum(-1)
@@ -186,8 +190,9 @@ def _judge(
     logprob_tol: float,
 ) -> PositionLogits:
     g_tok, t_tok = int(m["g_top"][n]), int(m["t_top"][n])
-    # by value: the target's top token equals the golden's largest logit (or vice versa)
-    agree = bool(g[t_tok] == g[g_tok]) or bool(t[g_tok] == t[t_tok])
+    # by value: the golden's pick is also one of the target's largest logits (it is whenever
+    # the two sides' sets of largest logits meet)
+    agree = bool(t[g_tok] == t[t_tok])
     if agree:
         t_tok = g_tok
     g_lp, t_lp = m["g_lp"][n], m["t_lp"][n]

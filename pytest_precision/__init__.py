@@ -50,6 +50,7 @@ if typing.TYPE_CHECKING:
     from .output._badcases import BadCases, assert_no_badcases, pick_badcases
     from .output._checklist import assert_same_config, assert_same_environment, diff_configs
     from .output._common import OutputCheckFailed
+    from .output._logits import LogitsComparison, assert_logits_close, compare_logits
     from .output._scores import ScoreCheck, assert_score_within, check_scores
     from .output._symptoms import (
         Symptom,
@@ -92,6 +93,7 @@ __all__ = [
     "Exact",
     "GenerationDiffers",
     "Golden",
+    "LogitsComparison",
     "ModelLevel",
     "OutputCheckFailed",
     "PrecisionChecker",
@@ -125,6 +127,7 @@ __all__ = [
     "assert_close_to_golden",
     "assert_deterministic",
     "assert_layers_close_to_golden",
+    "assert_logits_close",
     "assert_no_badcases",
     "assert_no_jitter",
     "assert_no_symptoms",
@@ -139,6 +142,7 @@ __all__ = [
     "check_scores",
     "check_weights_loaded",
     "compare_dumps",
+    "compare_logits",
     "compare_tensors",
     "compare_tokens",
     "default_standard",
@@ -200,6 +204,7 @@ _MODULES = {
     ".output._badcases": ("BadCases", "assert_no_badcases", "pick_badcases"),
     ".output._checklist": ("assert_same_config", "assert_same_environment", "diff_configs"),
     ".output._common": ("OutputCheckFailed",),
+    ".output._logits": ("LogitsComparison", "assert_logits_close", "compare_logits"),
     ".output._scores": ("ScoreCheck", "assert_score_within", "check_scores"),
     ".output._symptoms": (
         "Symptom",

@@ -295,6 +295,12 @@ def _add_diagnose(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     diagnose.add_argument(
         "--device", action="append", dest="devices", metavar="DEVICE", help="replay on DEVICE"
     )
+    diagnose.add_argument(
+        "--noise-factor",
+        type=float,
+        metavar="K",
+        help="logprobs may differ by K times the golden's own measured error (default: 4)",
+    )
     diagnose.set_defaults(handler=_diagnose)
 
 
@@ -337,6 +343,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         ids, mask = golden.prompt, golden.attention_mask
         held = min(int(r.generation.tokens.shape[1]) for r in (golden, target))
         steps = args.max_new_tokens or held
+    factor = {} if args.noise_factor is None else {"noise_factor": args.noise_factor}
     result = diagnose(
         golden,
         target,
@@ -345,6 +352,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         max_new_tokens=steps,
         out=args.out,
         devices=args.devices,
+        **factor,
     )
     _say(diagnosis_message(result))
     if args.html:

@@ -11,10 +11,13 @@ if TYPE_CHECKING:
     from ..output._tokens import TokenComparison
     from ..replay._verdict import ReplayResult
     from ..runtime._environment import ChecklistDiff
+    from ._noise import NoiseEstimate
 
-#: ``no difference``: tokens equal and logprobs within the tolerance (or a near tie);
-#: ``logprobs``: same tokens, logprobs differ beyond rounding; ``tokens``: a token flipped.
-Finding = Literal["no difference", "logprobs", "tokens"]
+#: ``no difference``: tokens equal (or part at a tie within noise) and logprobs within the
+#: golden's measured noise; ``logprobs``: same tokens, logprobs beyond the noise; ``tokens``: a
+#: token flipped (not a tie within noise); ``weights``: logits within noise, but a parameter
+#: differs; ``config``: logits within noise, but the config differs (not localized).
+Finding = Literal["no difference", "logprobs", "tokens", "weights", "config"]
 
 
 @dataclass(frozen=True)
@@ -64,11 +67,23 @@ class Diagnosis:
     weight_changes: tuple[WeightChange, ...]
     steps: tuple[DiagnosisStep, ...]
     out: Path
+    #: the golden side's own error per row and step, that the stop rule holds the target to
+    noise: NoiseEstimate | None = None
+    #: the module owning a differing parameter, named when the dump comparison localized none
+    weight_culprit: str | None = None
 
     @property
     def passed(self) -> bool:
-        """Tokens and logprobs agree within the token checks' rules."""
+        """Tokens and logprobs agree within the golden's noise, and no weight or config
+        differs."""
         return self.finding == "no difference"
+
+    @property
+    def culprit_module(self) -> str | None:
+        """The module to look at: the guilty call's, else the one owning a differing weight."""
+        if self.divergence is not None and self.divergence.module is not None:
+            return self.divergence.module
+        return self.weight_culprit
 
     @property
     def culprit(self) -> str | None:

@@ -24,7 +24,7 @@ from .._errors import PrecisionError, PrecisionInputError
 from ..compare._dumps import compare_dumps
 from ..compare._results import DumpComparison
 from ..output._checklist import diff_configs
-from ..output._tokens import LOGPROB_TOL, TIE_MARGIN, TokenComparison, compare_tokens
+from ..output._tokens import TIE_MARGIN, compare_tokens
 from ..output._weights import fingerprint_weights
 from ..replay._export import export_test, name_slug
 from ..replay._verdict import ReplayResult, replay_op
@@ -40,7 +40,9 @@ from ._generation import (
     generate,
     is_saved_run,
 )
-from ._results import Diagnosis, DiagnosisStep, Finding, WeightChange
+from ._noise import estimate_noise, model_dtype
+from ._results import Diagnosis, DiagnosisStep, WeightChange
+from ._stop import NOISE_FACTOR, decide
 
 #: A diagnosis (and the out folder) -> the HTML page's text; the CLI and plugin wire in
 #: ``report._html.diagnosis_html`` (diagnose may not import report/).
@@ -48,9 +50,11 @@ Renderer = Callable[[Diagnosis], str]
 
 #: Causes where the guilty call computed something wrong itself: worth replaying alone.
 _REPLAYED_CAUSES = ("output", "rerun", "amplification")
-#: Relative change of a weight statistic that counts as a different weight (bf16 rounding of
-#: a weight moves its sums by far less).
+#: Relative change of a weight statistic that counts as a different weight when both sides
+#: hold the same dtype; across dtypes, this many epsilons of the coarser one (a bf16 port's
+#: rounded weights move the checksum by about half an epsilon).
 _WEIGHT_RTOL = 1e-3
+_WEIGHT_EPS = 4.0
 
 
 class _Side:
@@ -95,6 +99,10 @@ class _Side:
         return config_of(self.model) if self.model is not None else self.saved.config  # type: ignore[union-attr]
 
     @property
+    def dtype(self) -> torch.dtype:
+        return model_dtype(self.model, self.config)
+
+    @property
     def fingerprint(self) -> dict[str, Any]:
         if self.model is not None:
             return fingerprint_weights(self.model)
@@ -119,7 +127,7 @@ def diagnose(
     out: str | os.PathLike[str] | None = None,
     devices: Iterable[str] | None = None,
     tie_margin: float = TIE_MARGIN,
-    logprob_tol: float = LOGPROB_TOL,
+    noise_factor: float = NOISE_FACTOR,
     render: Renderer | None = None,
 ) -> Diagnosis:
     """Find where ``target``'s generation departs from ``golden``'s, down to the op.
@@ -129,9 +137,14 @@ def diagnose(
     ``out`` (default: a new temporary folder) receives the dumps, the exported test and the
     report. ``devices`` to replay on: default every available one. ``render`` turns the
     diagnosis into the HTML page (``pytest_precision.diagnose`` wires in the standard one).
+    The logits may differ by ``noise_factor`` times the golden side's own measured error
+    (``diagnosis/_noise.py``); a token flip is a tie only within that allowance and within
+    ``tie_margin`` nats in the top-5.
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise PrecisionInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if not noise_factor > 0:
+        raise PrecisionInputError(f"noise_factor must be a positive number, got {noise_factor!r}")
     g_side, t_side = _Side("golden", golden), _Side("target", target)
     prompt, mask = as_batch(input_ids, attention_mask)
     folder = Path(tempfile.mkdtemp(prefix="precision-diagnosis-")) if out is None else Path(out)
@@ -149,20 +162,41 @@ def diagnose(
         golden_logprobs=g_gen.logprobs,
         target_logprobs=t_gen.logprobs,
         tie_margin=tie_margin,
-        logprob_tol=logprob_tol,
+        logprob_tol=math.inf,  # the logprobs are judged against the measured noise instead
     )
     first = tuple(row.divergence.position for row in tokens.rows)
-    finding, step = _token_finding(tokens)
-    steps.append(DiagnosisStep("tokens", _token_line(tokens, first, max_new_tokens, finding)))
+    noise = estimate_noise(g_side.model, g_gen, g_side.dtype, t_side.dtype)
+    decision = decide(
+        tokens,
+        g_gen.logprobs,
+        t_gen.logprobs,
+        noise,
+        factor=noise_factor,
+        weights=weights,
+        config_diff=config_diff,
+        environment_diff=environment_diff,
+    )
+    finding, step = decision.finding, decision.step
+    steps.append(DiagnosisStep("tokens", decision.tokens_line))
+    if decision.stop_line is not None:
+        steps.append(DiagnosisStep("stop", decision.stop_line))
 
     comparison = divergence = replay = None
     replays: tuple[ReplayResult, ...] = ()
     exported: Path | None = None
-    if step is None:
-        steps.append(DiagnosisStep("stop", "tokens and logprobs agree: nothing to localize"))
-    else:
+    weight_culprit = None
+    if step is not None:
         comparison = _localize(g_side, t_side, g_gen, step, folder, steps)
         divergence = comparison.first_divergence
+        if divergence is None and weights:
+            weight_culprit = _owner(weights[0].name)
+            steps.append(
+                DiagnosisStep(
+                    "culprit",
+                    f"{weight_culprit}: its parameter {weights[0].name} differs "
+                    f"({weights[0].statistic}); the dump comparison localized no call",
+                )
+            )
         if divergence is not None and divergence.cause in _REPLAYED_CAUSES:
             devs = list(devices) if devices is not None else _default_devices(t_side)
             replays = _replay(comparison, divergence.name, divergence.step, devs, steps)
@@ -194,6 +228,8 @@ def diagnose(
         weight_changes=weights,
         steps=tuple(steps),
         out=folder,
+        noise=noise,
+        weight_culprit=weight_culprit,
     )
     if render is None:
         return diagnosis
@@ -257,7 +293,11 @@ def _checklist(
                 else "equal",
             )
         )
-    weights = _weight_changes(g.fingerprint, t.fingerprint)
+    rtol = _WEIGHT_RTOL
+    if g.dtype != t.dtype:
+        coarser = max(torch.finfo(g.dtype).eps, torch.finfo(t.dtype).eps)
+        rtol = max(rtol, _WEIGHT_EPS * coarser)
+    weights = _weight_changes(g.fingerprint, t.fingerprint, rtol)
     names = ", ".join(w.name for w in weights[:5])
     steps.append(
         DiagnosisStep(
@@ -268,7 +308,7 @@ def _checklist(
     return config_diff, environment_diff, weights
 
 
-def _weight_changes(g: dict[str, Any], t: dict[str, Any]) -> tuple[WeightChange, ...]:
+def _weight_changes(g: dict[str, Any], t: dict[str, Any], rtol: float) -> tuple[WeightChange, ...]:
     changes = []
     for name in sorted(set(g) | set(t)):
         a, b = g.get(name), t.get(name)
@@ -281,46 +321,18 @@ def _weight_changes(g: dict[str, Any], t: dict[str, Any]) -> tuple[WeightChange,
         n = max(math.prod(a["shape"]), 1)
         scale = max(abs(float(a["abs_mean"])), 1e-30)
         for key, size in (("mean", scale), ("abs_mean", scale), ("std", scale)):
-            if abs(float(a[key]) - float(b[key])) > _WEIGHT_RTOL * size:
+            if abs(float(a[key]) - float(b[key])) > rtol * size:
                 changes.append(WeightChange(name, key, a[key], b[key]))
                 break
         else:
-            if abs(float(a["checksum"]) - float(b["checksum"])) > _WEIGHT_RTOL * scale * n**0.5:
+            if abs(float(a["checksum"]) - float(b["checksum"])) > rtol * scale * n**0.5:
                 changes.append(WeightChange(name, "checksum", a["checksum"], b["checksum"]))
     return tuple(changes)
 
 
-def _token_finding(tokens: TokenComparison) -> tuple[Finding, int | None]:
-    """The finding, and the decode step to localize at: the earliest token that flipped
-    beyond a near tie, else the prefill when only logprobs differ."""
-    flipped = [r.divergence.position for r in tokens.rows if r.status == "diverged"]
-    if flipped:
-        return "tokens", min(p for p in flipped if p is not None)
-    if any(r.status == "logprobs" for r in tokens.rows):
-        return "logprobs", 0
-    return "no difference", None
-
-
-def _token_line(
-    tokens: TokenComparison, first: tuple[int | None, ...], n: int, finding: Finding
-) -> str:
-    where = ", ".join(
-        f"row {i}: {'equal' if p is None else f'position {p}'}" for i, p in enumerate(first)
-    )
-    if finding == "no difference":
-        ties = sum(r.status == "near-tie" for r in tokens.rows)
-        extra = f" ({ties} row(s) part at a near tie)" if ties else ""
-        return (
-            f"no difference: {n} greedy tokens per row agree and logprobs are within "
-            f"{tokens.logprob_tol:g} nats{extra}"
-        )
-    if finding == "logprobs":
-        return (
-            f"same tokens, but logprobs differ beyond {tokens.logprob_tol:g} nats "
-            f"({where}); localizing at the prefill step"
-        )
-    reasons = "; ".join(r.reason for r in tokens.failures)
-    return f"first divergent token: {where}. {reasons}"
+def _owner(parameter: str) -> str:
+    """The module path owning a parameter (``a.b.weight`` -> ``a.b``)."""
+    return parameter.rpartition(".")[0] or parameter
 
 
 def _localize(

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from .._errors import PrecisionInputError
 from ._common import Decoder, OutputCheckFailed, as_rows, decoder
+from ._ulp import float_dtype, one_ulp_tie
 
 #: A near tie: the logprob gap between the two tokens, on each side, is at most this (nats).
 #: bf16 logits of magnitude 10-30 round in steps of 0.06-0.125, so 0.1 covers one rounding.
@@ -175,6 +176,8 @@ class TokenComparison:
     top_k: int
     tie_margin: float
     logprob_tol: float
+    #: the dtype of the one-ULP tie escape (None: not used)
+    ulp_dtype: Any = None
 
     @property
     def passed(self) -> bool:
@@ -185,9 +188,12 @@ class TokenComparison:
         return tuple(row for row in self.rows if not row.passed)
 
 
-def _logprob_rows(value: Any, rows: list[list[int]], batched: bool, side: str) -> list[Any] | None:
-    """Per row, a float64 (steps, vocab) tensor of log-softmaxed scores, aligned with the last
-    ``steps`` columns of that row's ids (HF ``generate``'s ``scores`` / ``logits`` fit)."""
+def _logprob_rows(
+    value: Any, rows: list[list[int]], batched: bool, side: str, normalize: bool = True
+) -> list[Any] | None:
+    """Per row, a float64 (steps, vocab) tensor of log-softmaxed scores (the raw scores with
+    ``normalize=False``), aligned with the last ``steps`` columns of that row's ids (HF
+    ``generate``'s ``scores`` / ``logits`` fit)."""
     if value is None:
         return None
     import torch
@@ -212,7 +218,8 @@ def _logprob_rows(value: Any, rows: list[list[int]], batched: bool, side: str) -
             raise PrecisionInputError(
                 f"{side}: row {i} has {tensor.shape[1]} steps of logprobs for {len(row)} ids"
             )
-        out.append(torch.log_softmax(tensor[i].to("cpu", torch.float64), dim=-1))
+        scores = tensor[i].to("cpu", torch.float64)
+        out.append(torch.log_softmax(scores, dim=-1) if normalize else scores)
     return out
 
 
@@ -250,6 +257,8 @@ def _compare_row(
     tie_margin: float,
     logprob_tol: float,
     decode: Decoder | None,
+    raw: tuple[Any, Any] = (None, None),
+    ulp_dtype: Any = None,
 ) -> RowTokens:
     d = _diverge(golden, target, pad_id, row)
     g0, _ = _span(golden, pad_id)
@@ -307,12 +316,24 @@ def _compare_row(
         near_tie = in_tops and all(abs(gap) <= tie_margin for gap in gaps)
     else:
         g_top = t_top = ()
+    g_raw, t_raw = _at(raw[0], golden, d.golden_column), _at(raw[1], target, d.target_column)
+    ulp_tie = (
+        not near_tie
+        and ulp_dtype is not None
+        and all(x is not None for x in (g_raw, t_raw, g_tok, t_tok))
+        and one_ulp_tie(g_raw, t_raw, g_tok, t_tok, ulp_dtype)  # type: ignore[arg-type]
+    )
     tokens = f"golden {_token(g_tok, fields['golden_text'])} vs target "
     tokens += _token(t_tok, fields["target_text"])
-    if near_tie:
+    if near_tie or ulp_tie:
+        within = (
+            f"each in the other's top-{top_k} within {tie_margin:g} nats"
+            if near_tie
+            else f"their logits within one ULP of {str(ulp_dtype).removeprefix('torch.')}"
+        )
         reason = (
-            f"{where}near tie at position {d.position}: {tokens}, each in the other's top-{top_k} "
-            f"within {tie_margin:g} nats; later tokens follow different prefixes, not compared"
+            f"{where}near tie at position {d.position}: {tokens}, {within}; later tokens "
+            "follow different prefixes, not compared"
         )
         status = "logprobs" if mismatches else "near-tie"
         if mismatches:
@@ -351,13 +372,16 @@ def compare_tokens(
     logprob_tol: float = LOGPROB_TOL,
     pad_id: int | None = None,
     decode: Any = None,
+    ulp_dtype: Any = None,
 ) -> TokenComparison:
     """Judge two generations token by token; the data behind :func:`assert_tokens_close`.
 
     Logprobs (or logits: they are log-softmaxed in float64) are ``(steps, vocab)`` per sequence
     or ``(batch, steps, vocab)``, or HF ``generate``'s tuple of ``(batch, vocab)`` per step,
     aligned with the last ``steps`` ids of each row. ``decode`` is a tokenizer or a callable
-    ``ids -> text`` used to show tokens.
+    ``ids -> text`` used to show tokens. ``ulp_dtype`` (e.g. ``torch.bfloat16``): a flip is
+    also a tie when, on each side, its own token's logit beats the other's by at most one ULP
+    of that dtype (msit's escape; pass raw logits, their magnitude sets the ULP).
     """
     if top_k < 1:
         raise PrecisionInputError(f"top_k must be at least 1, got {top_k}")
@@ -367,6 +391,12 @@ def compare_tokens(
     g_lps = _logprob_rows(golden_logprobs, g_rows, batched, "golden_logprobs")
     t_lps = _logprob_rows(target_logprobs, t_rows, batched, "target_logprobs")
     fn = decoder(decode)
+    if ulp_dtype is not None:
+        ulp_dtype = float_dtype(ulp_dtype, "ulp_dtype")
+        raw = (
+            _logprob_rows(golden_logprobs, g_rows, batched, "golden_logprobs", normalize=False),
+            _logprob_rows(target_logprobs, t_rows, batched, "target_logprobs", normalize=False),
+        )
     rows = tuple(
         _compare_row(
             g,
@@ -379,10 +409,16 @@ def compare_tokens(
             tie_margin=tie_margin,
             logprob_tol=logprob_tol,
             decode=fn,
+            raw=(None, None) if ulp_dtype is None else _row_of(raw, i),
+            ulp_dtype=ulp_dtype,
         )
         for i, (g, t) in enumerate(zip(g_rows, t_rows, strict=True))
     )
-    return TokenComparison(rows, batched, top_k, tie_margin, logprob_tol)
+    return TokenComparison(rows, batched, top_k, tie_margin, logprob_tol, ulp_dtype)
+
+
+def _row_of(raw: tuple[list[Any] | None, list[Any] | None], i: int) -> tuple[Any, Any]:
+    return tuple(None if side is None else side[i] for side in raw)  # type: ignore[return-value]
 
 
 class TokensDiverged(OutputCheckFailed):
@@ -400,9 +436,11 @@ def assert_tokens_close(
     logprob_tol: float = LOGPROB_TOL,
     pad_id: int | None = None,
     decode: Any = None,
+    ulp_dtype: Any = None,
 ) -> TokenComparison:
-    """Assert two generations agree: equal ids, or a near tie at the first divergence, and
-    logprobs within ``logprob_tol`` where the tokens agree. See :func:`compare_tokens`."""
+    """Assert two generations agree: equal ids, or a near tie (or, with ``ulp_dtype``, a
+    one-ULP tie) at the first divergence, and logprobs within ``logprob_tol`` where the tokens
+    agree. See :func:`compare_tokens`."""
     __tracebackhide__ = True
     result = compare_tokens(
         golden,
@@ -414,6 +452,7 @@ def assert_tokens_close(
         logprob_tol=logprob_tol,
         pad_id=pad_id,
         decode=decode,
+        ulp_dtype=ulp_dtype,
     )
     if not result.passed:
         raise TokensDiverged(failure_message(result), result)

@@ -15,11 +15,12 @@ from .._errors import PrecisionError
 from .._text import shown, shown_text
 from ..diagnosis._generation import RUN_FILE, SavedRun, save_run
 from ..diagnosis._results import Diagnosis
+from ..diagnosis._stop import NOISE_FACTOR
 from ..diagnosis._workflow import diagnose as run_diagnosis
 from ..golden._active import active_factory
 from ..golden._sources import GoldenDirectory
 from ..output._common import OutputCheckFailed
-from ..output._tokens import LOGPROB_TOL, TIE_MARGIN
+from ..output._tokens import TIE_MARGIN
 from ..report._html import diagnosis_html
 
 
@@ -33,7 +34,7 @@ def diagnose(
     out: str | os.PathLike[str] | None = None,
     devices: Iterable[str] | None = None,
     tie_margin: float = TIE_MARGIN,
-    logprob_tol: float = LOGPROB_TOL,
+    noise_factor: float = NOISE_FACTOR,
 ) -> Diagnosis:
     """From "the answer changed" to the culprit op, with the HTML report at ``.report``.
 
@@ -43,7 +44,9 @@ def diagnose(
     of both at the step that produces it (statistics first, then tensors up to the suspect
     layer); ``compare_dumps``; a replay of the culprit op on ``devices`` (default: every
     available one); an exported regression test; the HTML report, all in ``out``. Stops after
-    the tokens when tokens and logprobs agree. See ``docs/diagnose.md``.
+    the tokens when tokens and logprobs agree within ``noise_factor`` times the golden's own
+    measured error (a float64 rerun) and the checklist found no differing weight. See
+    ``docs/diagnose.md``.
     """
     return run_diagnosis(
         golden,
@@ -54,7 +57,7 @@ def diagnose(
         out=out,
         devices=devices,
         tie_margin=tie_margin,
-        logprob_tol=logprob_tol,
+        noise_factor=noise_factor,
         render=diagnosis_html,
     )
 
@@ -74,6 +77,8 @@ def diagnosis_message(d: Diagnosis) -> str:
             f"culprit: {shown(v.name)} in {shown(v.module or '-')} "
             f"(layer {shown(v.layer or '-')}), cause {v.cause}{verdict}"
         )
+    elif d.weight_culprit is not None:
+        lines.append(f"culprit: {d.weight_culprit} (a differing weight), cause source")
     else:
         lines.append(f"the generations differ ({shown(d.finding)}); no call was localized")
     lines += [f"  {s.name}: {shown(s.finding)}" for s in d.steps]
@@ -109,11 +114,12 @@ def assert_same_generation(
     name: str = "generation",
     out: str | os.PathLike[str] | None = None,
     tie_margin: float = TIE_MARGIN,
-    logprob_tol: float = LOGPROB_TOL,
+    noise_factor: float = NOISE_FACTOR,
 ) -> Diagnosis:
-    """Assert ``target`` generates what ``golden`` does: the same greedy tokens (a near tie
-    at the first divergence passes, as in :func:`assert_tokens_close`). On failure the
-    message is the diagnosis: culprit op, layer, verdict, report and exported test.
+    """Assert ``target`` generates what ``golden`` does: the same greedy tokens (a tie at the
+    first divergence passes when its logprob gap is within the golden's measured noise, see
+    :func:`diagnose`). On failure the message is the diagnosis: culprit op, layer, verdict,
+    report and exported test.
 
     ``golden`` is a model, a :func:`save_run` folder, or None: the run stored for this test
     under ``--golden-dir`` (a folder written on another machine, or the golden dir itself when
@@ -155,8 +161,8 @@ def assert_same_generation(
         max_new_tokens=max_new_tokens,
         out=out,
         tie_margin=tie_margin,
-        logprob_tol=logprob_tol,
+        noise_factor=noise_factor,
     )
-    if any(row.status == "diverged" for row in d.tokens.rows):
+    if d.finding == "tokens":
         raise GenerationDiffers(diagnosis_message(d), d)
     return d

@@ -101,7 +101,7 @@ def test_a_clean_pair_says_no_difference(kind: str, ids: torch.Tensor, tmp_path:
     assert d.divergence is None
     assert d.replay is None
     assert d.exported_test is None
-    assert d.steps[-1].finding == "tokens and logprobs agree: nothing to localize"
+    assert d.steps[-1].finding == "tokens and logprobs agree within noise: nothing to localize"
     assert not list(tmp_path.glob("*_dump"))  # stopped before any capture
 
 

@@ -124,6 +124,9 @@ def test_cli_diagnose_an_entry_point(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
     assert code == 0, capsys.readouterr().out
     assert "tokens: no difference" in capsys.readouterr().out
+    bad_factor = ["diagnose", "--entry", f"{entry}:pair", "--out", str(tmp_path / "p")]
+    assert main([*bad_factor, "--noise-factor", "0"]) == 2
+    assert "noise_factor must be a positive number" in capsys.readouterr().err
 
 
 def test_compare_html(diagnosed: object, tmp_path: Path) -> None:

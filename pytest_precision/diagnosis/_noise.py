@@ -1,0 +1,132 @@
+"""The golden's own error on its logits: the yardstick the target's logits are held to.
+
+A fixed tolerance cannot serve every dtype: fp32 logits round at ~1e-6, bf16 ones at ~1e-2, so
+a dtype slip inside an fp32 model moves them far beyond fp32's noise and far below any tolerance
+that would also pass an honest bf16 port. So the noise is measured on the golden side: the
+golden deep-copied to float64 reruns the golden's own prefixes, and its error is how far the
+golden's log-probabilities are from that rerun, per row and decode step. When the target runs in
+another dtype, the golden cast to the target's dtype is measured the same way, so the noise of
+both precisions counts. Where no float64 rerun can run (a golden saved on another machine, an op
+with no float64 kernel) the noise is a documented dtype envelope instead (:data:`ENVELOPE_EPS`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._generation import Generation, forward_logits
+
+#: Where no float64 rerun runs: the logits' error is taken as this many epsilons of the coarser
+#: side's dtype, times the step's largest finite |logprob| (the spread of its logits). Loose on
+#: purpose: on the tiny models of the tests the measured noise is 1/20 - 1/50 of it in fp32 and
+#: about 1/75 in bf16 (docs/diagnose.md), the price of judging without a rerun.
+ENVELOPE_EPS = 8.0
+#: The float64 rerun's own rounding, the floor of any noise (in epsilons of float64, times the
+#: spread of the logits): a float64 golden against itself has no other error.
+FLOOR_EPS = 64.0
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """Per row and decode step, the golden side's own error on its logprobs (nats, the largest
+    over the vocabulary), and how it was measured."""
+
+    #: ``noise[row][step]``
+    noise: tuple[tuple[float, ...], ...]
+    #: one line: "float64 rerun of the golden (...)" or "dtype envelope (...): why"
+    method: str
+    golden_dtype: torch.dtype
+    target_dtype: torch.dtype
+
+    def at(self, row: int, step: int) -> float:
+        return self.noise[row][step]
+
+
+def model_dtype(model: torch.nn.Module | None, config: dict[str, Any] | None) -> torch.dtype:
+    """The floating dtype a side computes in: its first floating parameter's, else its config's
+    ``dtype`` / ``torch_dtype``, else float32."""
+    if model is not None:
+        for p in model.parameters():
+            if p.is_floating_point():
+                return p.dtype
+    for key in ("dtype", "torch_dtype"):
+        name = str((config or {}).get(key) or "").removeprefix("torch.")
+        dtype = getattr(torch, name, None) if name else None
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+            return dtype
+    return torch.float32
+
+
+def _coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    return a if torch.finfo(a).eps >= torch.finfo(b).eps else b
+
+
+def _spread(logprobs: torch.Tensor) -> torch.Tensor:
+    """Per row and step, the largest finite |logprob| (at least 1): the scale of the logits."""
+    finite = torch.where(logprobs.isfinite(), logprobs.abs(), torch.zeros_like(logprobs))
+    return finite.amax(-1).clamp(min=1.0)
+
+
+def logprob_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per row and step, the largest |a - b| over the vocabulary; equal entries (two ``-inf``
+    of a masked token) count 0, a non-finite difference counts infinite."""
+    diff = (a - b).abs()
+    diff = torch.where(a == b, torch.zeros_like(diff), diff)
+    diff = torch.where(diff.isnan(), torch.full_like(diff, float("inf")), diff)
+    return diff.amax(-1)
+
+
+@torch.no_grad()
+def _rerun(model: torch.nn.Module, generation: Generation, dtype: torch.dtype) -> torch.Tensor:
+    """``model`` deep-copied to ``dtype``, run on the golden's own prefixes: the float64
+    log-softmax of each step's last logits, ``(batch, steps, vocab)``."""
+    twin = copy.deepcopy(model).to(dtype).eval()
+    steps = []
+    for step in range(generation.tokens.shape[1]):
+        ids, mask = generation.prefix(step)
+        last = forward_logits(twin, ids, mask)[:, -1]
+        steps.append(torch.log_softmax(last.double(), -1).cpu())
+    return torch.stack(steps, 1)
+
+
+def estimate_noise(
+    golden: torch.nn.Module | None,
+    generation: Generation,
+    golden_dtype: torch.dtype,
+    target_dtype: torch.dtype,
+) -> NoiseEstimate:
+    """The golden side's own error per row and step (see the module docstring).
+
+    ``golden`` is the live golden model (None: a saved run, judged by the dtype envelope);
+    ``generation`` its greedy run, whose prefixes are rerun.
+    """
+    logprobs = generation.logprobs
+    floor = FLOOR_EPS * torch.finfo(torch.float64).eps * _spread(logprobs)
+    why = "the golden is a saved run (no model to rerun)"
+    if golden is not None:
+        try:
+            reference = _rerun(golden, generation, torch.float64)
+            noise = logprob_distance(logprobs, reference)
+            how = f"float64 rerun of the golden ({golden_dtype})"
+            if target_dtype != golden_dtype:
+                port = _rerun(golden, generation, target_dtype)
+                noise = torch.maximum(noise, logprob_distance(port, reference))
+                how += f" and of the golden in the target's {target_dtype}"
+            return _estimate(torch.maximum(noise, floor), how, golden_dtype, target_dtype)
+        except (RuntimeError, NotImplementedError, TypeError) as exc:  # no float64 kernel
+            why = f"no float64 rerun of the golden ({str(exc).splitlines()[0][:120]})"
+    dtype = _coarser(golden_dtype, target_dtype)
+    envelope = ENVELOPE_EPS * torch.finfo(dtype).eps * _spread(logprobs)
+    how = f"dtype envelope: {ENVELOPE_EPS:g} eps of {dtype} times the logits' spread; {why}"
+    return _estimate(torch.maximum(envelope, floor), how, golden_dtype, target_dtype)
+
+
+def _estimate(
+    noise: torch.Tensor, method: str, golden_dtype: torch.dtype, target_dtype: torch.dtype
+) -> NoiseEstimate:
+    rows = tuple(tuple(float(v) for v in row) for row in noise.tolist())
+    return NoiseEstimate(rows, method, golden_dtype, target_dtype)

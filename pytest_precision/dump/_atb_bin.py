@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .._errors import DumpFormatError
+from ._confine import dump_root, inside
 
 NODE_DIR = re.compile(r"(\d+)_(\S+)")
 TENSOR_FILE = re.compile(r"(intensor|outtensor)(\d+)\.bin")
@@ -198,7 +199,7 @@ def _alias_target(file: Path, root: Path, alias: str) -> Path:
     target = None if node is None else node / stage_of(io) / f"{io}{match.group(3)}.bin"
     if target is None or not target.is_file() or target.is_symlink():
         raise DumpFormatError(file, f"data={alias!r}: no such tensor in the round folder {root}")
-    if not target.resolve().is_relative_to(root.resolve()):
+    if not inside(dump_root(root), target):
         raise DumpFormatError(file, f"data={alias!r} points outside the round folder {root}")
     return target
 

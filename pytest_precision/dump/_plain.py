@@ -20,6 +20,7 @@ import torch
 
 from .._errors import DumpFormatError
 from ..numerics._dtypes import dtype_name
+from ._confine import confine, dump_root
 from ._json_files import MAX_NESTING, TOO_DEEP
 from ._records import Dump, Record
 from ._safe_io import (
@@ -49,10 +50,9 @@ def tensor_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path] if path.suffix in SUFFIXES else []
     files = [f for f in path.rglob("*") if f.suffix in SUFFIXES and f.is_file()]
-    root = path.resolve()
+    root = dump_root(path)
     for file in files:
-        if not file.resolve().is_relative_to(root):
-            raise DumpFormatError(file, f"symlink points outside the dump folder {path}")
+        confine(root, file)
     return sorted(files, key=lambda f: natural_key(f.relative_to(path).as_posix()))
 
 

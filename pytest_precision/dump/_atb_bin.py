@@ -218,6 +218,8 @@ def load_bin(header: BinHeader) -> torch.Tensor:
             )  # fmt: skip
     except (OSError, ValueError) as exc:
         raise DumpFormatError(header.data_file, f"cannot be read: {exc}") from None
+    except MemoryError:
+        raise DumpFormatError(header.data_file, "cannot be mapped: not enough memory") from None
     if os.path.getsize(header.data_file) < header.offset + header.length:
         raise DumpFormatError(header.data_file, "truncated since the dump was loaded")
     tensor = torch.from_numpy(np.asarray(array))

@@ -51,7 +51,7 @@ def tensor_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path] if path.suffix in SUFFIXES else []
     root = dump_root(path)
-    files = []
+    files: list[Path] = []
     for entry in path.rglob("*"):  # never descends into symlinked folders
         is_tensor = entry.suffix in SUFFIXES
         if entry.is_symlink() and (is_tensor or entry.is_dir()):

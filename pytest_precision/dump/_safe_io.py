@@ -277,7 +277,7 @@ def load_npz_array(path: Path, key: str) -> torch.Tensor:
 
 def _read_into(path: Path, key: str, f: IO[bytes], array: np.ndarray[Any, Any]) -> None:
     """Fill ``array`` (C-contiguous) from ``f`` chunk by chunk; ``f`` must then be at its end."""
-    buffer = memoryview(array.reshape(-1).view(np.uint8))
+    buffer = array.reshape(-1).view(np.uint8).data  # a view: filling it fills ``array``
     filled = 0
     while filled < len(buffer):
         chunk = f.read(min(_CHUNK_BYTES, len(buffer) - filled))

@@ -12,6 +12,7 @@ op. Details, and what is verified against msprobe's source: ``docs/atb.md``.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from ._atb_bin import (
     subdirs,
 )
 from ._atb_csv import ROOT_NAME, StatRow, read_statistics
+from ._confine import confine, dump_root
 from ._json_files import MAX_NESTING
 from ._records import Dump, Record
 
@@ -75,7 +77,8 @@ def read_atb_dump(path: Path) -> Dump:
     located = _locate(path)
     if not located:
         raise DumpFormatError(path, "not an ATB dump: no <device>_<pid>/<round>/ folders")
-    records = [record for folder in located for record in _read_round(folder)]
+    top = dump_root(path)
+    records = [record for folder in located for record in _read_round(top, folder)]
     return Dump(path=path, format=FORMAT, records=records, environment={"framework": "atb"})
 
 
@@ -109,13 +112,19 @@ class _Tensor:
         return (*self.ids, stage, int(self.io == "outtensor"), self.index)
 
 
-def _read_round(folder: Path) -> list[Record]:
+def _read_round(top: Path, folder: Path) -> list[Record]:
+    """The records of one round folder, which must resolve inside the dump ``top`` (its
+    ``atb_dump_data/`` or ``data/`` may be symlinks); op folders are never followed as links."""
+    confine(top, folder)
     process = folder.parent.name if _is_process(folder.parent.name) else None
     tensors: dict[tuple[tuple[int, ...], str], _Tensor] = {}
     names: dict[tuple[int, ...], tuple[str, str]] = {}
     _walk(folder, (), (), folder, tensors, names)
     csv_file = folder / STATISTICS
-    rows = read_statistics(csv_file, process, folder.name) if csv_file.is_file() else []
+    rows: list[StatRow] = []
+    if csv_file.is_file():
+        confine(top, csv_file)
+        rows = read_statistics(csv_file, process, folder.name)
     _merge_rows(csv_file, rows, tensors, names)
     device = rows[0].device if rows else int(process.partition("_")[0]) if process else 0
     parents = {ids[:-1] for ids in names}
@@ -152,12 +161,14 @@ def _walk(
     if len(ids) > MAX_NESTING:
         raise DumpFormatError(folder, f"ops nested more than {MAX_NESTING} levels deep")
     for stage in ("before", "after") if ids else ():
+        if os.path.lexists(folder / stage):
+            confine(dump_root(root), folder / stage)
         for file in _files(folder / stage):
             match = TENSOR_FILE.fullmatch(file.name)
             if not match:
                 continue
-            if file.is_symlink() and not file.resolve().is_relative_to(root.resolve()):
-                raise DumpFormatError(file, f"a symlink leading out of the round folder {root}")
+            if file.is_symlink():  # op folders are never links (see subdirs); files may be
+                confine(dump_root(root), file)
             t = _Tensor(ids, op_names, stage, match.group(1), int(match.group(2)), file=file)
             tensors[t.ids, t.slot] = t
     for child in subdirs(folder):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .._errors import DumpFormatError
+from ._confine import dump_root, inside
 
 NODE_DIR = re.compile(r"(\d+)_(\S+)")
 TENSOR_FILE = re.compile(r"(intensor|outtensor)(\d+)\.bin")
@@ -200,7 +201,7 @@ def _alias_target(file: Path, root: Path, alias: str) -> Path:
     target = None if node is None else node / stage_of(io) / f"{io}{match.group(3)}.bin"
     if target is None or not target.is_file() or target.is_symlink():
         raise DumpFormatError(file, f"data={alias!r}: no such tensor in the round folder {root}")
-    if not target.resolve().is_relative_to(root.resolve()):
+    if not inside(dump_root(root), target):
         raise DumpFormatError(file, f"data={alias!r} points outside the round folder {root}")
     return target
 
@@ -219,6 +220,8 @@ def load_bin(header: BinHeader) -> torch.Tensor:
             )  # fmt: skip
     except (OSError, ValueError) as exc:
         raise DumpFormatError(header.data_file, f"cannot be read: {exc}") from None
+    except MemoryError:
+        raise DumpFormatError(header.data_file, "cannot be mapped: not enough memory") from None
     if os.path.getsize(header.data_file) < header.offset + header.length:
         raise DumpFormatError(header.data_file, "truncated since the dump was loaded")
     tensor = torch.from_numpy(np.asarray(array))

@@ -20,8 +20,9 @@ TOO_DEEP = f"nested too deeply (more than {MAX_NESTING} levels)"
 @contextmanager
 def reading_dump(path: Path) -> Iterator[None]:
     """Read the dump at ``path`` (its index: many long-lived objects) with the collector
-    paused; an OS error is a DumpFormatError naming the file it hit, and so is nesting deeper
-    than Python's stack, a safety net: every reader bounds its nesting itself."""
+    paused; an OS error is a DumpFormatError naming the file it hit, and so are nesting deeper
+    than Python's stack and running out of memory, safety nets: every reader bounds its
+    nesting and checks declared sizes itself."""
     try:
         with paused_gc():
             yield
@@ -29,6 +30,8 @@ def reading_dump(path: Path) -> Iterator[None]:
         raise DumpFormatError(exc.filename or path, exc.strerror or str(exc)) from None
     except RecursionError:
         raise DumpFormatError(path, TOO_DEEP) from None
+    except MemoryError:  # a size no reader checked: still the dump's fault, not a crash
+        raise DumpFormatError(path, "declares more data than fits in memory") from None
 
 
 def read_json(path: Path) -> Any:

@@ -26,6 +26,7 @@ import torch
 from .._errors import DumpFormatError
 from ..numerics._dtypes import dtype_name
 from ..numerics._stats import TensorStats
+from ._confine import confine, dump_root, inside
 from ._json_files import MAX_NESTING, TOO_DEEP, read_json
 from ._records import Dump, Record
 from ._safe_io import load_npy, load_pt_tensor
@@ -62,8 +63,9 @@ def is_msprobe_dump(path: Path) -> bool:
 def read_msprobe_dump(path: Path) -> Dump:
     records: list[Record] = []
     environment: dict[str, Any] = {}
+    top = dump_root(path)
     for step, rank, rank_dir in _locate_ranks(path):
-        header, rank_records = _read_rank(rank_dir, step, rank)
+        header, rank_records = _read_rank(top, rank_dir, step, rank)
         environment = environment or header
         records.extend(rank_records)
     return Dump(path=path, format=FORMAT, records=records, environment=environment)
@@ -109,16 +111,21 @@ def _locate_ranks(path: Path) -> list[tuple[int, int, Path]]:
     return located
 
 
-def _read_rank(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any], list[Record]]:
+def _read_rank(
+    top: Path, rank_dir: Path, step: int, rank: int
+) -> tuple[dict[str, Any], list[Record]]:
+    """The records of one rank folder, whose files must all resolve inside the dump ``top``."""
+    confine(top, rank_dir)
     dump_json = rank_dir / "dump.json"
     if not dump_json.is_file():
         raise DumpFormatError(dump_json, "missing: incomplete msprobe dump")
+    confine(top, dump_json)
     content = read_json(dump_json)
     if not isinstance(content, Mapping) or not isinstance(content.get("data"), Mapping):
         raise DumpFormatError(dump_json, 'not an msprobe dump.json: no "data" object')
-    construct = _read_construct(rank_dir / "construct.json")
+    construct = _read_construct(top, rank_dir / "construct.json")
     header = {k: content.get(k) for k in ("task", "level", "framework")}
-    data_files = _DataFiles(rank_dir)
+    data_files = _DataFiles(top, rank_dir)
     records: list[Record] = []
     for name, call in content["data"].items():
         if not isinstance(call, Mapping):
@@ -144,9 +151,10 @@ def _read_rank(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any], li
     return header, records
 
 
-def _read_construct(path: Path) -> dict[str, str | None]:
+def _read_construct(top: Path, path: Path) -> dict[str, str | None]:
     if not path.is_file():
         return {}
+    confine(top, path)
     content = read_json(path)
     if not isinstance(content, Mapping) or not all(
         isinstance(v, str) or v is None for v in content.values()
@@ -260,9 +268,12 @@ def _dtype(recorded: Any) -> str:
 class _DataFiles:
     """One rank folder's ``dump_tensor_data/``, listed once so each record costs no system call."""
 
-    def __init__(self, rank_dir: Path) -> None:
+    def __init__(self, top: Path, rank_dir: Path) -> None:
         self.dump_json = rank_dir / "dump.json"
         self.folder = rank_dir / DATA_DIR
+        if os.path.lexists(self.folder):
+            # the folder itself: a file in it, or resolved against it, is then inside the dump
+            confine(top, self.folder)
         try:
             with os.scandir(self.folder) as entries:
                 self.listing = {e.name: e.is_symlink() for e in entries if e.is_file()}
@@ -294,7 +305,7 @@ class _DataFiles:
         return file
 
     def _contains(self, file: Path) -> bool:
-        return file.resolve().is_relative_to(self.folder.resolve())
+        return inside(dump_root(self.folder), file)
 
 
 def _stats(leaf: Mapping[str, Any], numel: int) -> TensorStats | None:

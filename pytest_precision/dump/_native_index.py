@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import DumpFormatError
+from ._confine import confine, dump_root
 from ._json_files import TOO_DEEP, read_json_object
 
 FORMAT_NAME = "pytest-precision-dump"
@@ -46,6 +47,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise DumpFormatError(
             path, "incomplete dump: no manifest (the capture was cut short or is still running)"
         )
+    confine(dump_root(root), path)
     manifest = read_json_object(path)
     if manifest.get("format") != FORMAT_NAME:
         raise DumpFormatError(
@@ -82,28 +84,32 @@ def read_rank(root: Path, rank: int) -> tuple[list[str], Iterator[tuple[int, dic
     (which costs the garbage collector more than parsing them). A record count other than
     ``rank.json``'s raises when the lines run out."""
     folder = rank_dir(root, rank)
+    top = dump_root(root)
+    confine(top, folder)
     done_path = folder / RANK_DONE
     if not done_path.is_file():
         raise DumpFormatError(
             done_path, f"incomplete dump: rank {rank} never finalized (crashed or still running)"
         )
+    confine(top, done_path)
     done = read_json_object(done_path)
     shards = done.get("shards")
     if not isinstance(shards, dict) or not all(type(size) is int for size in shards.values()):
         raise DumpFormatError(done_path, f"'shards' must map file names to sizes, got {shards!r}")
     for name, size in shards.items():
-        _check_shard(folder, name, size, done_path)
-    return list(shards), _read_index(folder / RECORDS, done.get("records"))
+        _check_shard(top, folder, name, size, done_path)
+    records = folder / RECORDS
+    confine(top, records)
+    return list(shards), _read_index(records, done.get("records"))
 
 
-def _check_shard(folder: Path, name: object, size: int, source: Path) -> None:
+def _check_shard(top: Path, folder: Path, name: object, size: int, source: Path) -> None:
     if not isinstance(name, str) or not SHARD_PATTERN.fullmatch(name):
         raise DumpFormatError(source, f"shard {name!r} points outside the dump folder")
     shard = folder / name
     if not shard.is_file():
         raise DumpFormatError(shard, "missing shard")
-    if shard.resolve().parent != folder.resolve():
-        raise DumpFormatError(shard, f"links to {shard.resolve()}, outside the dump folder")
+    confine(top, shard)
     actual = shard.stat().st_size
     if actual != size:
         raise DumpFormatError(shard, f"truncated or altered shard: {actual} bytes, expected {size}")

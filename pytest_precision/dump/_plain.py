@@ -5,7 +5,8 @@ the file's path relative to the folder, without the suffix (``layers/0/out`` for
 ``layers/0/out.npy``); its ``slot`` is ``tensor`` for a file holding one tensor, or the key inside
 a container file (``.npz`` array name, safetensors key, dotted path in a ``.pt`` dict / list).
 Files come in natural order of their relative paths (``x2`` before ``x10``), keys within a file
-in natural order too; other files are ignored, and symlinks leading out of the folder refused.
+in natural order too; other files are ignored, and symlinks (to tensor files or folders) leading
+out of the folder refused; symlinked folders inside it are not followed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from .._errors import DumpFormatError
 from ..numerics._dtypes import dtype_name
+from ._confine import confine, dump_root
 from ._json_files import MAX_NESTING, TOO_DEEP
 from ._records import Dump, Record
 from ._safe_io import (
@@ -48,11 +50,14 @@ def tensor_files(path: Path) -> list[Path]:
     """The tensor files under ``path`` (or ``path`` itself), in natural order."""
     if path.is_file():
         return [path] if path.suffix in SUFFIXES else []
-    files = [f for f in path.rglob("*") if f.suffix in SUFFIXES and f.is_file()]
-    root = path.resolve()
-    for file in files:
-        if not file.resolve().is_relative_to(root):
-            raise DumpFormatError(file, f"symlink points outside the dump folder {path}")
+    root = dump_root(path)
+    files: list[Path] = []
+    for entry in path.rglob("*"):  # never descends into symlinked folders
+        is_tensor = entry.suffix in SUFFIXES
+        if entry.is_symlink() and (is_tensor or entry.is_dir()):
+            confine(root, entry)  # a linked folder would be skipped: refuse one leading out
+        if is_tensor and entry.is_file():
+            files.append(entry)
     return sorted(files, key=lambda f: natural_key(f.relative_to(path).as_posix()))
 
 

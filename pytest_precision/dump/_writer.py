@@ -128,17 +128,34 @@ class DumpWriter:
     # -- producer side ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self.folder.exists() and any(self.folder.iterdir()):
-            raise PrecisionError(f"{self.folder}: already holds a dump; choose an empty folder")
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self._index = self._claim()
         if self.rank == 0:
             self._write_manifest(complete=False)
-        self._index = (self.folder / RECORDS).open("w", encoding="utf-8")
         if self._background:
             self._thread = threading.Thread(
                 target=self._run, name=f"pytest-precision-dump-rank{self.rank}", daemon=True
             )
             self._thread.start()
+
+    def _claim(self) -> TextIO:
+        """The rank's record index, created exclusively: that claims the rank folder, so of two
+        captures started on one path at the same moment exactly one proceeds and the other
+        fails here, before writing anything (checking for an empty folder alone let both pass
+        and interleave their files)."""
+        if self.folder.exists() and any(self.folder.iterdir()):
+            raise PrecisionError(self._taken())
+        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.folder / RECORDS, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            raise PrecisionError(self._taken()) from None
+        return os.fdopen(fd, "w", encoding="utf-8")
+
+    def _taken(self) -> str:
+        return (
+            f"{self.root}: already holds a dump ({self.folder.name}/ is taken, by an earlier "
+            "capture or one still running); choose another path or delete the old dump"
+        )
 
     def add(
         self,

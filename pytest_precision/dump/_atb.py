@@ -238,7 +238,7 @@ def _record(t: _Tensor, root: Path, device: int, round_: int, has_children: bool
         stats=t.row.stats if t.row else None,
         rank=device,
         step=round_,
-        loader=None if data is None else functools.partial(load_bin, header),
+        loader=None if header is None or data is None else functools.partial(load_bin, header),
         data_id=None if data is None else str(data),
     )
 

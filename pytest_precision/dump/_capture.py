@@ -288,7 +288,13 @@ class Capture:
     # -- records ---------------------------------------------------------------------------------
 
     def _head(self, name: str, kind: str, op: str, module: str, parent: str | None) -> _Head:
-        fields = {"name": name, "kind": kind, "op": op, "module": module, "parent": parent}
+        fields: dict[str, object] = {
+            "name": name,
+            "kind": kind,
+            "op": op,
+            "module": module,
+            "parent": parent,
+        }
         fields["step"] = self.step_index
         return json_members(fields)
 

@@ -102,7 +102,7 @@ def _locate_ranks(path: Path) -> list[tuple[int, int, Path]]:
     step_dirs = [(int(m.group(1)), d) for d in _subdirs(path) if (m := _STEP_DIR.fullmatch(d.name))]
     if not step_dirs:
         return [(0, rank, d) for rank, d in _rank_dirs(path)]
-    located = []
+    located: list[tuple[int, int, Path]] = []
     for step, step_dir in sorted(step_dirs):
         rank_dirs = _rank_dirs(step_dir)
         if not rank_dirs:

@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import torch
 from safetensors import safe_open
@@ -193,7 +193,7 @@ class _Shard(NamedTuple):
 def _shard_header(shard: Path) -> dict[str, tuple[str, list[int]]]:
     """Key -> (dtype, shape) of every tensor in ``shard``, read from its header only."""
     try:
-        with safe_open(shard, framework="pt") as handle:  # type: ignore[no-untyped-call]
+        with safe_open(shard, framework="pt") as handle:
             header = {}
             for key in handle.keys():  # noqa: SIM118 (safe_open handles are not mappings)
                 piece = handle.get_slice(key)
@@ -203,7 +203,7 @@ def _shard_header(shard: Path) -> dict[str, tuple[str, list[int]]]:
         raise DumpFormatError(shard, f"unreadable safetensors file: {exc}") from None
 
 
-def _is_shape(shape: object) -> bool:
+def _is_shape(shape: object) -> TypeGuard[list[int]]:
     return isinstance(shape, list) and all(type(size) is int and size >= 0 for size in shape)
 
 

@@ -94,9 +94,9 @@ def _file_records(file: Path, root: Path) -> Iterator[Record]:
                 loader,
             )
     for slot in sorted(entries, key=natural_key):
-        dtype, shape, loader = entries[slot]
+        dtype_text, shape, load = entries[slot]
         yield Record(
-            name=name, slot=slot, kind=KIND, op=op, dtype=dtype, shape=shape, loader=loader
+            name=name, slot=slot, kind=KIND, op=op, dtype=dtype_text, shape=shape, loader=load
         )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -153,13 +154,26 @@ class GoldenPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        start = _random_state() if self.update else None
         try:
             result = yield
         except (KeyboardInterrupt, pytest.exit.Exception):
             self._flush(item, complete=False)  # pytest skips the teardown: keep what was staged
             raise
+        except BaseException:
+            self._end_rerun(item)  # a failing test is not rerun: its records join its report
+            raise
         item.stash[_call_passed_key] = True
+        built = item.stash.get(_built_key, [])
+        if start is not None and built and built[0].awaits_float64_rerun:
+            from ._float64_rerun import rerun_in_float64
+
+            rerun_in_float64(item, built[0], start)
         return result
+
+    def _end_rerun(self, item: pytest.Item) -> None:
+        for golden in item.stash.get(_built_key, []):
+            golden.end_float64_rerun()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
@@ -218,6 +232,7 @@ class GoldenPlugin:
             on_record=on_record,
             autoflush=False,
             seed=_test_seed(item),
+            float64_rerun=self.update,
         )
 
     # --- collection: which golden files this run uses ------------------------------------------
@@ -398,6 +413,16 @@ def _dtype_tolerances(config: pytest.Config) -> dict[torch.dtype, Tolerance]:
         return parse_tolerances(lines)
     except PrecisionInputError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _random_state() -> dict[str, Any] | None:
+    """The random state a test starts from, for its float64 rerun (only when torch is in use:
+    a test without torch has no goldens to rerun)."""
+    if "torch" not in sys.modules:
+        return None
+    from ._float64_rerun import random_state
+
+    return random_state()
 
 
 def _marker_tolerance(item: pytest.Item) -> Tolerance:

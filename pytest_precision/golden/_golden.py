@@ -31,7 +31,7 @@ from ._files import Entry, flatten
 from ._messages import mismatch_lines, record_hint
 from ._names import GoldenNames
 from ._records import comparison_excess, device_of, golden_record
-from ._shadow import RerunBook, Resolved, ShadowRun, pending, wants_reference
+from ._shadow import RerunBook, Resolved, ShadowRun, make_pending, wants_reference
 from ._sources import (
     DumpGoldens,
     GoldenDirectory,
@@ -412,7 +412,9 @@ class Golden:
     ) -> None:
         assert self._rerun is not None
         order = self._names.position(name)
-        item = pending(value, name, where, status, message, comparison, order, device_of(value))
+        item = make_pending(
+            value, name, where, status, message, comparison, order, device_of(value)
+        )
         self._stage_resolved(self._rerun.add(item))
 
     @property

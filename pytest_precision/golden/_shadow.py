@@ -79,7 +79,7 @@ class Pending:
     device: torch.device | None = None
 
 
-def pending(
+def make_pending(
     value: Any,
     name: str,
     where: str,
@@ -116,10 +116,10 @@ def rerun_problem(
     return None
 
 
-def _value_problem(pending: Pending, shadow: ShadowValue) -> str | None:
-    leaves = pending.leaves
+def _value_problem(item: Pending, shadow: ShadowValue) -> str | None:
+    leaves = item.leaves
     if set(leaves) != set(shadow.leaves):
-        return f"its float64 rerun gave {pending.name} another structure"
+        return f"its float64 rerun gave {item.name} another structure"
     for key, leaf in leaves.items():
         if tuple(leaf.shape) != tuple(shadow.leaves[key].shape):
             return (
@@ -137,7 +137,7 @@ def resolve(
     floating = {k for k, t in leaves.items() if t.is_floating_point()}
     if problem is None and run is not None:
         shadow = run.values[item.name]
-        problem = _value_problem(pending, shadow)
+        problem = _value_problem(item, shadow)
         if problem is None:
             deepened = sorted(shadow.deepened & floating)
             if not deepened:

@@ -51,7 +51,16 @@ def config(arch: str) -> Any:
     if arch == "mistral":
         return MistralConfig(head_dim=HEAD_DIM, sliding_window=None, **decoder, **common)
     if arch == "phi3":  # head_dim derives: 128 / 4 = 32
-        return Phi3Config(resid_pdrop=0.0, embd_pdrop=0.0, sliding_window=None, **decoder, **common)
+        return Phi3Config(
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            sliding_window=None,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            **decoder,
+            **common,
+        )
     return GPT2Config(
         n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=128, n_inner=2 * FFN, **common
     )

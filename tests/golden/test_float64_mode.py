@@ -25,7 +25,8 @@ def test_ops_on_low_precision_run_in_float64_and_match_a_float64_computation() -
     with float64_mode() as mode:
         y = torch.nn.functional.linear(x, w).softmax(-1, dtype=torch.float32).sum(0)
     expected = torch.nn.functional.linear(x.double(), w.double()).softmax(-1).sum(0)
-    assert y.dtype == torch.float64 and is_deepened(y)
+    assert y.dtype == torch.float64
+    assert is_deepened(y)
     assert torch.equal(y, expected)
     assert mode.deepened_ops == 3
     normal = torch.nn.functional.linear(x, w).softmax(-1, dtype=torch.float32).sum(0)
@@ -53,7 +54,9 @@ def test_casts_of_deepened_values_are_identities(cast) -> None:
     with float64_mode():
         y = _bf16(0, 16) * 3.3
         cast_y = cast(y)
-    assert cast_y.dtype == torch.float64 and torch.equal(cast_y, y) and is_deepened(cast_y)
+    assert cast_y.dtype == torch.float64
+    assert torch.equal(cast_y, y)
+    assert is_deepened(cast_y)
 
 
 def test_data_is_made_as_written_creation_and_casts_of_unrounded_data() -> None:
@@ -63,10 +66,13 @@ def test_data_is_made_as_written_creation_and_casts_of_unrounded_data() -> None:
     with float64_mode():
         shadow = (torch.randn(8, dtype=BF16), torch.randn(8).to(BF16), torch.nn.Linear(8, 4))
         module = shadow[2].to(BF16)
-    assert shadow[0].dtype == BF16 and torch.equal(shadow[0], normal[0])  # same draws
-    assert shadow[1].dtype == BF16 and torch.equal(shadow[1], normal[1])  # rounded as written
+    assert shadow[0].dtype == BF16
+    assert torch.equal(shadow[0], normal[0])
+    assert shadow[1].dtype == BF16
+    assert torch.equal(shadow[1], normal[1])
     assert torch.equal(shadow[2].weight, normal[2].weight.to(BF16))
-    assert module.weight.dtype == BF16 and not is_deepened(module.weight)
+    assert module.weight.dtype == BF16
+    assert not is_deepened(module.weight)
 
 
 def test_integer_and_float32_only_ops_are_untouched() -> None:
@@ -76,9 +82,12 @@ def test_integer_and_float32_only_ops_are_untouched() -> None:
         cumsum, doubled, mask = ids.cumsum(-1), ids * 2, ids > 3
         f32 = (x @ x.T).exp()
     assert (cumsum.dtype, doubled.dtype, mask.dtype) == (torch.int64, torch.int64, torch.bool)
-    assert torch.equal(cumsum, ids.cumsum(-1)) and torch.equal(doubled, ids * 2)
-    assert f32.dtype == torch.float32 and torch.equal(f32, (x @ x.T).exp())
-    assert not is_deepened(f32) and mode.deepened_ops == 0
+    assert torch.equal(cumsum, ids.cumsum(-1))
+    assert torch.equal(doubled, ids * 2)
+    assert f32.dtype == torch.float32
+    assert torch.equal(f32, (x @ x.T).exp())
+    assert not is_deepened(f32)
+    assert mode.deepened_ops == 0
 
 
 def test_in_place_writes_keep_their_target_and_views_alias() -> None:
@@ -88,7 +97,8 @@ def test_in_place_writes_keep_their_target_and_views_alias() -> None:
         cache[1].copy_(_bf16(1, 4))  # a view of a buffer that is not deepened aliases it
         deep = _bf16(2, 4) * 2
         deep.add_(_bf16(3, 4))  # in place on a deepened value: float64 still
-    assert cache.dtype == BF16 and torch.equal(cache[1], _bf16(1, 4))
+    assert cache.dtype == BF16
+    assert torch.equal(cache[1], _bf16(1, 4))
     assert torch.equal(cache[0], (_bf16(0, 4).double() * 1.5).to(BF16))
     assert deep.dtype == torch.float64
     assert torch.equal(deep, _bf16(2, 4).double() * 2 + _bf16(3, 4).double())
@@ -98,7 +108,8 @@ def test_autocast_float32_is_low_precision_and_deepened_ops_run_without_it() -> 
     a = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
     with torch.autocast("cpu", dtype=BF16), float64_mode():
         out = a @ a
-    assert out.dtype == torch.float64 and torch.equal(out, a.double() @ a.double())
+    assert out.dtype == torch.float64
+    assert torch.equal(out, a.double() @ a.double())
 
 
 # -- the rerun's values as goldens' envelopes ---------------------------------------------------
@@ -139,7 +150,8 @@ def _recorded(gdir: Path, rerun: dict, **first: bool) -> tuple[dict, list[dict]]
 
 def test_a_matching_rerun_stores_float64_references(gdir: Path) -> None:
     envelopes, records = _recorded(gdir, {})
-    assert envelopes["deep"]["kind"] == "reference" and envelopes["data"] is None
+    assert envelopes["deep"]["kind"] == "reference"
+    assert envelopes["data"] is None
     reference = read_golden(gdir / "t.safetensors").entries["deep"].references["deep"]
     x, w = _bf16(0, 4, 16).double(), _bf16(1, 16, 16).double()
     exact = torch.nn.functional.linear(x, w).relu() @ _bf16(2, 16, 16).double()
@@ -163,13 +175,13 @@ def test_a_rerun_that_cannot_stand_in_gives_the_model_rule_and_says_why(
     gdir: Path, rerun: dict, why: str
 ) -> None:
     envelopes, records = _recorded(gdir, rerun)
-    assert envelopes["deep"]["kind"] == "model" and why in envelopes["deep"]["measured_from"]
+    assert envelopes["deep"]["kind"] == "model"
+    assert why in envelopes["deep"]["measured_from"]
     # a test-level problem leaves every low-precision value unvouched for; a value-level one
     # only that value
     assert (envelopes["data"] or {}).get("kind") == (None if "shape" in why else "model")
-    assert why in records[0]["message"] and "for a sharper check pass reference=" in records[0][
-        "message"
-    ]
+    assert why in records[0]["message"]
+    assert "for a sharper check pass reference=" in records[0]["message"]
 
 
 def test_a_test_that_did_not_pass_is_not_rerun(gdir: Path) -> None:

@@ -157,14 +157,14 @@ def resolve(
     low = {k for k in floating if leaves[k].dtype in _LOW}
     if not low:
         return None, {}, f"{problem}: the dtype's default standard"
-    record, _ = measure_envelope(
+    model, _ = measure_envelope(
         item.value, item.name, EnvelopeRequest("model", source=SOURCE), item.order
     )
-    assert record is not None
-    record["measured_from"] = f"nothing: {problem}"
+    assert model is not None
+    model["measured_from"] = f"nothing: {problem}"
     if floating - low:
-        record["rounding"] = sorted(floating - low)
-    return record, {}, f"model-level envelope ({problem}); {_SHARPER}"
+        model["rounding"] = sorted(floating - low)
+    return model, {}, f"model-level envelope ({problem}); {_SHARPER}"
 
 
 #: Resolved: a waiting value with its envelope, reference tensors and the record's note.

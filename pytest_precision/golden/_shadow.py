@@ -9,6 +9,7 @@ golden gets the model-level rule instead, and its record says why and how to sha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from ..numerics._assertions import Comparison, to_tensor
+from ..numerics._envelopes import MODEL_RMSE_UNITS, unit_roundoff
 from ..numerics._nested import iter_leaf_pairs
 from ._envelope import EnvelopeRequest, measure_envelope, reference_record
 from ._files import Entry, flatten
@@ -126,7 +128,32 @@ def _value_problem(item: Pending, shadow: ShadowValue) -> str | None:
                 f"its float64 rerun gave {key} the shape {tuple(shadow.leaves[key].shape)}, "
                 f"not {tuple(leaf.shape)}"
             )
+    for key in sorted(shadow.deepened & set(leaves)):
+        drift = _drift_in_units(leaves[key], shadow.leaves[key])
+        if drift > MODEL_RMSE_UNITS:
+            return (
+                f"its float64 rerun gave {key} values {drift:.3g}u RMS away from the test's "
+                f"(beyond the {MODEL_RMSE_UNITS:g}u any honest rounding reaches: another "
+                "computation, such as unseeded random inputs)"
+            )
     return None
+
+
+def _drift_in_units(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """RMS(value - reference) / RMS(reference) in unit roundoffs of the value's dtype: a
+    reference of the same computation stays far below the model-level rule's 32."""
+    if not value.is_floating_point() or value.numel() == 0:
+        return 0.0
+    v, r = value.double(), reference.double()
+    finite = torch.isfinite(v) & torch.isfinite(r)
+    if not bool(finite.any()):
+        return 0.0
+    v, r = v[finite], r[finite]
+    rms = float(r.square().mean().sqrt())
+    error = float((v - r).square().mean().sqrt())
+    if rms == 0.0:
+        return 0.0 if error == 0.0 else math.inf
+    return error / rms / unit_roundoff(value.dtype)
 
 
 def resolve(

@@ -121,8 +121,10 @@ def gdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _body(golden: Golden, *, shape: int = 16, extra: bool = False, fail: bool = False) -> None:
-    x, w = _bf16(0, 4, 16), _bf16(1, shape, 16)
+def _body(
+    golden: Golden, *, shape: int = 16, extra: bool = False, fail: bool = False, seed: int = 0
+) -> None:
+    x, w = _bf16(seed, 4, 16), _bf16(1, shape, 16)
     golden(torch.nn.functional.linear(x, w).relu() @ _bf16(2, shape, shape), "deep")
     golden(x, "data")  # created, no op: judged as data
     if extra:
@@ -168,8 +170,10 @@ def test_a_matching_rerun_stores_float64_references(gdir: Path) -> None:
         ({"extra": True}, "its float64 rerun asserted 3 golden(s) (deep, data, extra) where the "
          "test asserted 2 (deep, data)"),
         ({"fail": True}, "its float64 rerun raised ValueError: the rerun met float64"),
+        ({"seed": 9}, "u RMS away from the test's (beyond the 32u any honest rounding reaches: "
+         "another computation, such as unseeded random inputs)"),
     ],
-    ids=["shape", "calls", "raised"],
+    ids=["shape", "calls", "raised", "other-inputs"],
 )  # fmt: skip
 def test_a_rerun_that_cannot_stand_in_gives_the_model_rule_and_says_why(
     gdir: Path, rerun: dict, why: str
@@ -179,7 +183,8 @@ def test_a_rerun_that_cannot_stand_in_gives_the_model_rule_and_says_why(
     assert why in envelopes["deep"]["measured_from"]
     # a test-level problem leaves every low-precision value unvouched for; a value-level one
     # only that value
-    assert (envelopes["data"] or {}).get("kind") == (None if "shape" in why else "model")
+    test_level = "asserted" in why or "raised" in why
+    assert (envelopes["data"] or {}).get("kind") == ("model" if test_level else None)
     assert why in records[0]["message"]
     assert "for a sharper check pass reference=" in records[0]["message"]
 

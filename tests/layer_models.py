@@ -9,7 +9,15 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, GemmaConfig, GPT2Config, LlamaConfig, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    GemmaConfig,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Phi3Config,
+    Qwen2Config,
+)
 
 transformers.logging.set_verbosity_error()
 
@@ -18,6 +26,8 @@ HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 128, 4, 4, 2, 32, 256, 2
 INIT = 0.1
 BUG_LAYER = 1
 ARCHS = ("llama", "gpt2", "gemma", "qwen2")
+#: Two more for the float64 rerun's bar (Phi-3: one fused qkv_proj; Mistral: Llama-like)
+MORE_ARCHS = ("mistral", "phi3")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 BUGS = ("weight_not_loaded", "stray_bias", "no_causal_mask", "qk_swap")
 
@@ -38,6 +48,19 @@ def config(arch: str) -> Any:
         return Qwen2Config(**decoder, **common)
     if arch == "gemma":
         return GemmaConfig(head_dim=HEAD_DIM, **decoder, **common)
+    if arch == "mistral":
+        return MistralConfig(head_dim=HEAD_DIM, sliding_window=None, **decoder, **common)
+    if arch == "phi3":  # head_dim derives: 128 / 4 = 32
+        return Phi3Config(
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            sliding_window=None,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            **decoder,
+            **common,
+        )
     return GPT2Config(
         n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=128, n_inner=2 * FFN, **common
     )
@@ -99,6 +122,10 @@ def plant(model: torch.nn.Module, bug: str, seed: int = 7) -> None:
                 w[:, :hd], w[:, HIDDEN : HIDDEN + hd] = k, q
                 qb, kb = b[:hd].clone(), b[HIDDEN : HIDDEN + hd].clone()
                 b[:hd], b[HIDDEN : HIDDEN + hd] = kb, qb
+            elif hasattr(layer.self_attn, "qkv_proj"):  # fused: q rows first, then k, then v
+                w, hd = layer.self_attn.qkv_proj.weight, layer.self_attn.head_dim
+                q, k = w[:hd].clone(), w[HIDDEN : HIDDEN + hd].clone()
+                w[:hd], w[HIDDEN : HIDDEN + hd] = k, q
             else:
                 at = layer.self_attn
                 hd = at.head_dim

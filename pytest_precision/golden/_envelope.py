@@ -101,7 +101,7 @@ def measure_envelope(
     if reference is not None:
         if callable(reference) and not isinstance(reference, torch.Tensor):
             reference = reference()
-        leaves: dict[str, Any] = {}
+        pairs = []
         for key, leaf, ref_leaf in _leaves(value, reference, name, "reference"):
             ref = to_tensor(ref_leaf, f"{key} (reference)").detach().to("cpu", torch.float64)
             if tuple(ref.shape) != tuple(leaf.shape):
@@ -109,26 +109,9 @@ def measure_envelope(
                     f"golden {key}: reference has shape {tuple(ref.shape)}, value "
                     f"{tuple(leaf.shape)}"
                 )
-            if not leaf.is_floating_point():
-                continue
-            # a copy: the caller's tensor may be another leaf's reference too, and safetensors
-            # refuses to write tensors that share memory
-            stored = ref.float() if leaf.dtype in _LOW_PRECISION else ref.clone()
-            references[key] = stored.contiguous()
-            leaves[key] = {"golden_vs_reference": _stats(leaf.detach().cpu(), stored)}
-        record.update(
-            kind="reference",
-            measured_from=(
-                "float64 rerun of the same computation (stored float32 for bf16/fp16 goldens)"
-            ),
-            limits={
-                "max_abs": REFERENCE_LIMIT.max_abs_ratio,
-                "mean_abs": REFERENCE_LIMIT.mean_abs_ratio,
-                "rmse": REFERENCE_LIMIT.rmse_ratio,
-            },
-            leaves=leaves,
-            references=sorted(references),
-        )
+            if leaf.is_floating_point():
+                pairs.append((key, leaf, ref))
+        record.update(reference_record(pairs, references))
     if request.perturbations:
         spreads: dict[str, dict[str, float]] = {}
         for rerun in request.perturbations:
@@ -152,6 +135,33 @@ def measure_envelope(
     return record, references
 
 
+def reference_record(
+    pairs: Sequence[tuple[str, torch.Tensor, torch.Tensor]], references: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """The ``reference`` envelope fields of ``(key, golden leaf, float64 reference)`` pairs;
+    the tensors to store go into ``references``."""
+    leaves: dict[str, Any] = {}
+    for key, leaf, ref in pairs:
+        # a copy: the caller's tensor may be another leaf's reference too, and safetensors
+        # refuses to write tensors that share memory
+        stored = ref.float() if leaf.dtype in _LOW_PRECISION else ref.clone()
+        references[key] = stored.contiguous()
+        leaves[key] = {"golden_vs_reference": _stats(leaf.detach().cpu(), stored)}
+    return {
+        "kind": "reference",
+        "measured_from": (
+            "float64 rerun of the same computation (stored float32 for bf16/fp16 goldens)"
+        ),
+        "limits": {
+            "max_abs": REFERENCE_LIMIT.max_abs_ratio,
+            "mean_abs": REFERENCE_LIMIT.mean_abs_ratio,
+            "rmse": REFERENCE_LIMIT.rmse_ratio,
+        },
+        "leaves": leaves,
+        "references": sorted(references),
+    }
+
+
 def envelope_standard(
     envelope: Mapping[str, Any] | None,
     references: Mapping[str, torch.Tensor],
@@ -160,8 +170,8 @@ def envelope_standard(
 ) -> tuple[Standard | None, torch.Tensor | None]:
     """The standard a stored envelope judges the leaf ``key`` by, and its reference tensor;
     ``(None, None)``: the dtype's default."""
-    if not envelope or not golden.is_floating_point():
-        return None, None
+    if not envelope or not golden.is_floating_point() or key in envelope.get("rounding", ()):
+        return None, None  # ``rounding``: leaves no op rounded (data), or float32-only ones
     kind = envelope.get("kind")
     if kind == "reference" and key in references:
         return Reference(limits={"default": REFERENCE_LIMIT}), references[key]

@@ -4,7 +4,9 @@ A :class:`Golden` belongs to one test. It reads the test's golden file (or looks
 dump serving as goldens), compares each value under the resolved tolerance, and with
 ``update=True`` records missing or differing values instead of failing. Every comparison also
 produces a JSON-ready record for reports. The pytest plugin creates one per test and makes it
-the *active* golden, which :func:`assert_close_to_golden` uses.
+the *active* golden, which :func:`assert_close_to_golden` uses. The file is
+:mod:`._store`'s, the names :mod:`._names`', the failure text :mod:`._messages`', the float64
+rerun's references :mod:`._shadow`'s.
 """
 
 from __future__ import annotations
@@ -20,30 +22,18 @@ import torch
 
 from .._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
 from .._text import shown_text
-from ..numerics._assertions import Comparison, ItemComparison, compare, to_tensor
-from ..numerics._comparison import _check_pair, resolve_standard
+from ..numerics._assertions import Comparison, to_tensor
 from ..numerics._nested import iter_leaf_pairs
 from ..numerics._standards import Standard
 from ..runtime._devices import flat_fingerprint
-from ._envelope import (
-    NO_REQUEST,
-    EnvelopeRequest,
-    describe,
-    envelope_standard,
-    measure_envelope,
-)
-from ._files import (
-    Entry,
-    GoldenFile,
-    NewerSchemaError,
-    check_distinct_keys,
-    flatten,
-    read_golden,
-    write_golden,
-)
-from ._layout import mark_golden_dir
+from ._comparing import compare_leaves, validate
+from ._envelope import NO_REQUEST, EnvelopeRequest, measure_envelope
+from ._files import Entry, flatten
 from ._masking import LeftOut, left_out_line, left_out_record, masked_call
-from ._records import badness, comparison_excess, describe_tensor, device_of, item_summary
+from ._messages import mismatch_lines, record_hint
+from ._names import GoldenNames
+from ._records import comparison_excess, device_of, golden_record
+from ._shadow import RerunBook, Resolved, ShadowRun, make_pending, wants_reference
 from ._sources import (
     DumpGoldens,
     GoldenDirectory,
@@ -53,12 +43,9 @@ from ._sources import (
     open_golden_source,
     recorded_device,
 )
+from ._store import MISSING, GoldenStore
 from ._tolerances import NO_TOLERANCE, Tolerance
-
-_AUTO_NAME = "#"
-
-
-_MISSING = object()
+from ._update import Found, update_action
 
 
 class Golden:
@@ -68,7 +55,9 @@ class Golden:
     ``golden_dir`` is a golden directory or a dump, ``test_id`` names the golden file (a pytest
     node id), ``seed`` the seed the test set (recorded in the golden's environment). With
     ``update=True`` missing or differing values are recorded instead of failing; outside the
-    plugin they are written at once, inside it when the test finishes.
+    plugin they are written at once, inside it when the test finishes. ``float64_rerun`` says
+    the caller reruns the test under :func:`float64_mode` (:meth:`begin_float64_rerun`), so
+    values asked for no envelope get the rerun's float64 reference.
     """
 
     def __init__(
@@ -83,90 +72,67 @@ class Golden:
         on_record: Callable[[dict[str, Any]], None] | None = None,
         autoflush: bool = True,
         seed: int | None = None,
+        float64_rerun: bool = False,
     ) -> None:
         if isinstance(golden_dir, (GoldenDirectory, DumpGoldens)):
-            self.source: GoldenSource = golden_dir
+            source: GoldenSource = golden_dir
         else:
-            self.source = open_golden_source(golden_dir)
-        if update and not self.source.writable:
+            source = open_golden_source(golden_dir)
+        if update and not source.writable:
             raise PrecisionError(
-                f"--golden-update cannot write into {self.source.path}: it is a dump, not a "
+                f"--golden-update cannot write into {source.path}: it is a dump, not a "
                 "golden directory"
             )
-        if update and isinstance(self.source, GoldenDirectory):
-            self.source.migrate(test_id)  # a golden at the older layout's path moves first
+        if update and isinstance(source, GoldenDirectory):
+            source.migrate(test_id)  # a golden at the older layout's path moves first
         self.test_id = test_id
-        self.seed = seed
         self.update = update
         self.tolerance = tolerance
         self.dtype_tolerances = dict(dtype_tolerances or {})
         self.records: list[dict[str, Any]] = []
+        self._store = GoldenStore(source, test_id, seed=seed, autoflush=autoflush)
+        self._names = GoldenNames(test_id)
+        self._failed: list[str] = []
+        self._left_out: dict[str, LeftOut | None] = {}  # masked positions each golden left out
         self._record_hint = record_hint
         self._on_record = on_record
-        self._autoflush = autoflush
-        self._file: GoldenFile | object | None = _MISSING
-        self._used: set[str] = set()
-        self._order: list[str] = []  # names in recording order
-        self._failed: list[str] = []
-        self._calls = 0
-        self._staged: dict[str, Entry] = {}
-        self._file_unreadable = False
-        self._device: torch.device | None = None
-        self._left_out: dict[str, LeftOut | None] = {}  # masked positions each golden left out
+        # values of an update waiting for the float64 rerun (None: no rerun will come)
+        self._rerun = RerunBook(test_id) if float64_rerun and update else None
         # Threads started by a test assert concurrently; names, staged values and records
         # are shared state (a reentrant lock: an autoflush runs inside a call).
         self._lock = threading.RLock()
 
     @property
+    def source(self) -> GoldenSource:
+        return self._store.source
+
+    @property
+    def seed(self) -> int | None:
+        return self._store.seed
+
+    @property
     def location(self) -> Path:
         """The golden file of this test (or the dump serving as goldens)."""
-        if isinstance(self.source, GoldenDirectory):
-            return self.source.file_for(self.test_id)
-        return self.source.path
+        return self._store.location
 
     # ... reading
-
-    def _golden_file(self) -> GoldenFile | None:
-        if self._file is _MISSING:
-            assert isinstance(self.source, GoldenDirectory)
-            self._file = self.source.read(self.test_id)
-        return self._file  # type: ignore[return-value]
-
-    def _lookup_entry(self, name: str) -> tuple[str, Any, Entry | None]:
-        """``(where, expected, stored entry)``; ``expected`` is ``_MISSING`` when there is no
-        golden, the entry carries the value's envelope."""
-        if isinstance(self.source, DumpGoldens):
-            found = self.source.lookup(name)
-            if found is None:
-                return f"{self.source.path} (no record or module named {name!r})", _MISSING, None
-            key, value = found
-            return f"{self.source.path} record {key}", value, None
-        where = str(self.location)
-        golden_file = self._golden_file()
-        if golden_file is None or name not in golden_file.entries:
-            return where, _MISSING, None
-        return where, golden_file.value(name), golden_file.entries[name]
 
     def envelope(self, name: str) -> dict[str, Any] | None:
         """The stored noise envelope of golden ``name`` (None: judged by the dtype default)."""
         with self._lock:
-            _, _, entry = self._lookup_entry(name)
+            _, _, entry = self._store.lookup(name)
         return None if entry is None or entry.envelope is None else dict(entry.envelope)
 
     def load(self, name: str) -> Any:
         """The stored golden value ``name`` (tensors on the CPU)."""
         with self._lock:
-            where, value, _ = self._lookup_entry(name)
-        if value is _MISSING:
+            where, value, _ = self._store.lookup(name)
+        if value is MISSING:
             raise PrecisionError(f"no golden named {name!r} in {where}")
         return value
 
     def _environment_lines(self, value: Any) -> list[str]:
-        if isinstance(self.source, DumpGoldens):
-            recorded: Mapping[str, Any] = self.source.dump.environment
-        else:
-            golden_file = self._golden_file()
-            recorded = golden_file.environment if golden_file else {}
+        recorded = self._store.recorded_environment()
         if not recorded:
             return []
         current = environment_record(device_of(value), seed=self.seed)
@@ -192,8 +158,9 @@ class Golden:
         """Compare ``value`` with the golden ``name`` (default: the call's position in the test).
 
         ``reference``, ``envelope`` and ``perturbations`` say how the golden's noise envelope is
-        measured when it is recorded, ``mask`` (see :func:`assert_close_to_golden`). Returns the
-        :class:`Comparison`, or ``None`` when the value was recorded (update mode).
+        measured when it is recorded, ``mask`` which positions are padding (see
+        :func:`assert_close_to_golden`). Returns the :class:`Comparison`, or ``None`` when the
+        value was recorded (update mode).
         """
         __tracebackhide__ = True
         request = EnvelopeRequest(envelope, reference, tuple(perturbations))
@@ -211,125 +178,155 @@ class Golden:
         *,
         alone: bool = True,
     ) -> Comparison | None:
+        """Look up, compare, then either stage (update) or record and raise."""
         __tracebackhide__ = True
-        name = self._name(name)
+        if self._rerun is not None and self._rerun.run is not None:
+            self._rerun.run.collect(value, name)  # the float64 rerun collects, never judges
+            return None
+        name = self._names.take(name)
         self._left_out[name] = left_out
         try:
             self._validate(value, name, call_tolerance)
         except PrecisionInputError as exc:
             self._record(name, str(self.location), "error", message=str(exc))
             raise
+        found = self._find(name)
+        comparison = self._judge(value, name, call_tolerance, request, found)
+        if self.update and self._staged_instead(
+            value, name, call_tolerance, request, found, comparison
+        ):
+            return None
+        if found.problem is not None:
+            raise self._problem_error(name, found)
+        assert comparison is not None
+        self._report(value, name, call_tolerance, found, comparison, alone=alone)
+        return comparison
+
+    def _find(self, name: str) -> Found:
         try:
-            where, expected, entry = self._lookup_entry(name)
+            where, expected, entry = self._store.lookup(name)
         except DumpFormatError as exc:
-            if self.update and not isinstance(exc, NewerSchemaError):
-                self._file, self._file_unreadable = None, True
-                return self._stage(
-                    value, name, exc.path, "rewritten", f"was unreadable: {exc}", request=request
-                )
-            self._record(name, str(exc.path), "error", message=str(exc))
-            raise
-        if expected is _MISSING:
-            if self.update:
-                return self._stage(value, name, where, "recorded", "no golden yet", request=request)
-            self._record(name, where, "missing", message="no golden")
-            raise AssertionError(
-                f"no golden for {name!r} of {self.test_id}: {where} "
-                f"{'has no such value' if Path(where).exists() else 'does not exist'}\n"
-                + self._hint("record it")
-            )
-        stored = entry.envelope if entry is not None else None
-        references = entry.references if entry is not None else {}
+            return Found(str(exc.path), problem="unreadable", error=exc)
+        return Found(where, expected, entry, None if expected is not MISSING else "missing")
+
+    def _judge(
+        self,
+        value: Any,
+        name: str,
+        call_tolerance: Tolerance,
+        request: EnvelopeRequest,
+        found: Found,
+    ) -> Comparison | None:
+        if found.problem is not None:
+            return None
+        stored = found.entry.envelope if found.entry is not None else None
+        references = found.entry.references if found.entry is not None else {}
         if stored is None and request.is_set:  # an older golden: measure what can be measured now
             live = request.reference if isinstance(request.reference, torch.Tensor) else None
             stored, references = measure_envelope(
-                expected, name, EnvelopeRequest("model" if live is None else None, live), 0
+                found.expected, name, EnvelopeRequest("model" if live is None else None, live), 0
             )
+        found.envelope = stored
         try:
-            comparison = self._compare(value, expected, name, call_tolerance, stored, references)
-        except PrecisionInputError as exc:
-            if self.update:
-                return self._stage(value, name, where, "rewritten", str(exc), request=request)
-            self._record(name, where, "error", message=str(exc))
-            self._failed.append(name)
-            raise AssertionError(
-                f"{self.test_id}: value does not match golden {where}: {exc}\n"
-                + self._hint("if the change is intended, re-record")
-            ) from None
-        if self.update and not comparison.passed:
-            return self._stage(
-                value, name, where, "rewritten", "differed", comparison, request=request
+            return self._compare(value, found.expected, name, call_tolerance, stored, references)
+        except PrecisionInputError as exc:  # structure, shape or dtype: a golden difference
+            found.problem, found.error = "mismatch", exc
+            return None
+
+    def _staged_instead(
+        self,
+        value: Any,
+        name: str,
+        call_tolerance: Tolerance,
+        request: EnvelopeRequest,
+        found: Found,
+        comparison: Comparison | None,
+    ) -> bool:
+        """In an update: stage what the check found wanting, instead of failing."""
+        directory = isinstance(self.source, GoldenDirectory)
+        action = update_action(found, comparison, remeasure=request.is_set and directory)
+        auto = self._awaits_rerun(value, name, call_tolerance, request)
+        if action is None:
+            if not (auto and found.problem is None and not found.has_envelope):
+                return False
+            # kept, without an envelope yet: the float64 rerun may give it one
+            self._defer(found.expected, name, found.where, "pass", "", comparison)
+            return True
+        status, message = action
+        if found.problem == "unreadable":
+            self._store.mark_unreadable()
+        kept = found.expected if status == "remeasured" else value
+        if auto:
+            self._defer(kept, name, found.where, status, message, comparison)
+        else:
+            self._stage(kept, name, found.where, status, message, comparison, request)
+        return True
+
+    def _problem_error(self, name: str, found: Found) -> Exception:
+        """Record a check that had nothing to compare with; the error to raise."""
+        if found.problem == "unreadable":
+            assert isinstance(found.error, DumpFormatError)
+            self._record(name, found.where, "error", message=str(found.error))
+            return found.error
+        if found.problem == "missing":
+            self._record(name, found.where, "missing", message="no golden")
+            return AssertionError(
+                f"no golden for {name!r} of {self.test_id}: {found.where} "
+                f"{'has no such value' if Path(found.where).exists() else 'does not exist'}\n"
+                + self._hint("record it")
             )
-        if self.update and request.is_set and isinstance(self.source, GoldenDirectory):
-            # the value is kept; its envelope is measured anew (a new reference, new reruns)
-            return self._stage(
-                expected, name, where, "remeasured", "envelope re-measured", comparison, request
-            )
+        self._record(name, found.where, "error", message=str(found.error))
+        self._failed.append(name)
+        error = AssertionError(
+            f"{self.test_id}: value does not match golden {found.where}: {found.error}\n"
+            + self._hint("if the change is intended, re-record")
+        )
+        error.__suppress_context__ = True
+        return error
+
+    def _report(
+        self,
+        value: Any,
+        name: str,
+        call_tolerance: Tolerance,
+        found: Found,
+        comparison: Comparison,
+        *,
+        alone: bool,
+    ) -> None:
+        __tracebackhide__ = True
+        stored = found.envelope
         excess = comparison_excess(comparison)
         self._record(
-            name, where, comparison.verdict, comparison=comparison, envelope=(stored, excess)
+            name, found.where, comparison.verdict, comparison=comparison, envelope=(stored, excess)
         )
         if not comparison.passed:
-            lines = [f"{self.test_id}: golden mismatch (golden: {where})"]
-            if excess is not None:
-                lines.append(
-                    f"{name}: {excess:.3g}x the limit of {describe(stored)} "
-                    f"({100 * (excess - 1):.3g} % beyond it)"
-                )
-            lines.append(comparison.message() + left_out_line(name, left_out))
-            earlier = [n for n in self._order[: self._order.index(name)] if n not in self._failed]
-            if alone and earlier and not self._failed:
-                lines.append(
-                    f"first failing golden of this test: {name} ({', '.join(earlier)} passed)"
-                )
+            earlier = [n for n in self._names.order[: self._names.order.index(name)]]
+            earlier = [n for n in earlier if n not in self._failed] if alone else []
+            lines = mismatch_lines(
+                self.test_id,
+                found.where,
+                name,
+                comparison,
+                stored,
+                excess,
+                first_after=earlier if not self._failed else [],
+                suggest_envelope=stored is None
+                and not self._tolerances_set(call_tolerance, comparison),
+                environment=self._environment_lines(value),
+                left_out=left_out_line(name, self._left_out.get(name)),
+            )
             self._failed.append(name)
-            if stored is None and not self._tolerances_set(call_tolerance, comparison):
-                lines.append(
-                    "if this value came out of many ops, record a float64 reference with it "
-                    "(reference=...) or pass envelope='model' (docs/standards.md)"
-                )
-            env = self._environment_lines(value)
-            if env:
-                lines += ["environment differs from the run that recorded the golden:", *env]
             lines.append(self._hint("if the change is intended, re-record"))
             # keys and the recorded environment come from a golden made elsewhere
             raise AssertionError(shown_text("\n".join(lines)))
         if comparison.verdict == "warn":
-            warnings.warn(PrecisionWarning(comparison.message()), stacklevel=3)
-        return comparison
-
-    def _name(self, name: str | None) -> str:
-        if name is None:
-            name = f"{_AUTO_NAME}{self._calls}"
-            self._calls += 1
-        elif not isinstance(name, str) or not name or name.startswith(_AUTO_NAME):
-            raise PrecisionInputError(
-                f"golden name must be a non-empty string not starting with {_AUTO_NAME!r}, "
-                f"not {name!r}"
-            )
-        if name in self._used:
-            raise PrecisionInputError(
-                f"golden name {name!r} is used twice in {self.test_id}; names must be unique "
-                "within a test"
-            )
-        self._used.add(name)
-        self._order.append(name)
-        return name
+            warnings.warn(PrecisionWarning(comparison.message()), stacklevel=4)
 
     def _validate(self, value: Any, name: str, call_tolerance: Tolerance) -> None:
-        """An uncomparable value or an unusable tolerance is the test's error, never a golden
-        difference: checked before the golden is read, so an update never rewrites for it."""
-        for path, leaf, _ in iter_leaf_pairs(value, value):
-            label = f"{name}{path}"
-            tensor = to_tensor(leaf, label)
-            tolerance = self._tolerance_for(call_tolerance, tensor.dtype)
-            try:
-                _check_pair(tensor, tensor, "value")
-                resolve_standard(
-                    tolerance.standard, tensor.dtype, rtol=tolerance.rtol, atol=tolerance.atol
-                )
-            except PrecisionInputError as exc:
-                raise PrecisionInputError(f"{self.test_id}: golden {label}: {exc}") from None
+        validate(
+            value, name, self.test_id, lambda dtype: self._tolerance_for(call_tolerance, dtype)
+        )
 
     def _compare(
         self,
@@ -340,35 +337,15 @@ class Golden:
         envelope: Mapping[str, Any] | None = None,
         references: Mapping[str, torch.Tensor] | None = None,
     ) -> Comparison:
-        """Compare leaf by leaf: the tolerance may depend on each leaf's dtype. With the value
-        and tolerance validated, a :class:`PrecisionInputError` here is a golden difference
-        (structure, shape, dtype)."""
-        items = []
-        for path, a_leaf, e_leaf in iter_leaf_pairs(value, expected):
-            label = f"{name}{path}"
-            a = to_tensor(a_leaf, label)
-            e = to_tensor(e_leaf, f"{label} (golden)")
-            if isinstance(self.source, GoldenDirectory) and (
-                a.dtype != e.dtype or a.shape != e.shape
-            ):
-                raise PrecisionInputError(
-                    f"{label}: value is {describe_tensor(a)}, golden is {describe_tensor(e)}"
-                )
-            tolerance = self._tolerance_for(call_tolerance, a.dtype)
-            chosen, reference = None, None
-            if not tolerance.is_set:  # no override: the stored envelope, if any
-                chosen, reference = envelope_standard(envelope, references or {}, label, e)
-            result = compare(
-                a,
-                e.to(a.device),
-                standard=chosen or tolerance.standard,
-                rtol=tolerance.rtol,
-                atol=tolerance.atol,
-                reference=None if reference is None else reference.to(a.device),
-                name=label,
-            )
-            items += [ItemComparison(path, i.comparison, i.details) for i in result.items]
-        return Comparison(name, tuple(items))
+        return compare_leaves(
+            value,
+            expected,
+            name,
+            lambda dtype: self._tolerance_for(call_tolerance, dtype),
+            envelope=envelope,
+            references=references or {},
+            same_dtype=isinstance(self.source, GoldenDirectory),
+        )
 
     def _tolerance_for(self, call: Tolerance, dtype: torch.dtype) -> Tolerance:
         """Per call, else per test (marker), else per dtype (ini), else the dtype's default."""
@@ -382,19 +359,7 @@ class Golden:
         return any(self._tolerance_for(call, d).is_set for d in dtypes)
 
     def _hint(self, what: str) -> str:
-        if not self.source.writable:  # a dump: --golden-update would be refused
-            return (
-                f"the golden is a dump ({self.source.path}), which is read-only: if the change "
-                "is intended, capture the baseline dump again on the reference machine, or "
-                "record a golden directory with --golden-dir DIR --golden-update"
-                if "re-record" in what
-                else f"{what} in a golden directory (--golden-dir DIR --golden-update); a "
-                f"dump ({self.source.path}) is read-only"
-            )
-        command = self._record_hint or (
-            f"Golden({str(self.source.path)!r}, {self.test_id!r}, update=True)(value, name)"
-        )
-        return f"{what} with:\n  {command}"
+        return record_hint(what, self.source, self.test_id, self._record_hint)
 
     # ... recording
 
@@ -408,30 +373,94 @@ class Golden:
         comparison: Comparison | None = None,
         request: EnvelopeRequest = NO_REQUEST,
     ) -> None:
-        entry = flatten(value, name)
-        envelope, references = measure_envelope(
-            value, name, request, self._order.index(name) if name in self._order else 0
-        )
-        entry = Entry(entry.structure, entry.tensors, envelope, references)
-        golden_file = None if self._file_unreadable else self._golden_file()
-        # stored values this test asserted stay; the others may still be dropped as stale
-        kept = {
-            n: e for n, e in (golden_file.entries if golden_file else {}).items() if n in self._used
-        }
-        kept.update(self._staged)
-        kept[name] = entry
+        flat = flatten(value, name)
+        envelope, references = measure_envelope(value, name, request, self._names.position(name))
+        entry = Entry(flat.structure, flat.tensors, envelope, references)
+        self._stage_entry(entry, name, where, status, message, comparison, device_of(value))
+
+    def _stage_entry(
+        self,
+        entry: Entry,
+        name: str,
+        where: str,
+        status: str,
+        message: str,
+        comparison: Comparison | None,
+        device: torch.device | None,
+    ) -> None:
+        envelope = entry.envelope
         try:
-            check_distinct_keys(kept, self.location)
+            self._store.stage(name, entry, self._names.used, device)
         except PrecisionInputError as exc:
             self._record(name, where, "error", message=str(exc))
             raise
-        self._staged[name] = entry
-        self._device = self._device or device_of(value)
         self._record(
             name, where, status, comparison=comparison, message=message, envelope=(envelope, None)
         )
-        if self._autoflush:
+        if self._store.autoflush:
             self.flush(complete=False)
+
+    # ... the float64 rerun (the plugin's, at --golden-update)
+
+    def _awaits_rerun(
+        self, value: Any, name: str, call_tolerance: Tolerance, request: EnvelopeRequest
+    ) -> bool:
+        """A value asked for nothing (no envelope, no tolerance) in an update with a rerun."""
+        if self._rerun is None or request.is_set or not isinstance(self.source, GoldenDirectory):
+            return False
+        dtypes = {to_tensor(leaf, name).dtype for _, leaf, _ in iter_leaf_pairs(value, value)}
+        if any(self._tolerance_for(call_tolerance, d).is_set for d in dtypes):
+            return False
+        return wants_reference(value, name)
+
+    def _defer(
+        self,
+        value: Any,
+        name: str,
+        where: str,
+        status: str,
+        message: str,
+        comparison: Comparison | None,
+    ) -> None:
+        assert self._rerun is not None
+        order = self._names.position(name)
+        item = make_pending(
+            value, name, where, status, message, comparison, order, device_of(value)
+        )
+        self._stage_resolved(self._rerun.add(item))
+
+    @property
+    def awaits_float64_rerun(self) -> bool:
+        """Whether values wait for the float64 rerun (the plugin reruns the test only then)."""
+        with self._lock:
+            return self._rerun is not None and bool(self._rerun.waiting)
+
+    def begin_float64_rerun(self) -> ShadowRun:
+        """From now until :meth:`end_float64_rerun`, calls collect values instead of checking;
+        the caller runs the test body under the returned run's ``mode``."""
+        with self._lock:
+            assert self._rerun is not None, "Golden(..., update=True, float64_rerun=True)"
+            return self._rerun.begin()
+
+    def end_float64_rerun(self, error: BaseException | None = None) -> None:
+        """Give every waiting value its envelope: the rerun's float64 reference, or with
+        ``error`` (what the rerun raised), no rerun, or a rerun that does not match the test,
+        the model-level rule for low-precision values (``docs/goldens-in-ci.md``)."""
+        with self._lock:
+            if self._rerun is not None and self._rerun.ended is None:
+                self._stage_resolved(self._rerun.end(self._names.order, error))
+
+    def _stage_resolved(self, resolved: list[Resolved]) -> None:
+        for item, envelope, references, note in resolved:
+            if item.status == "pass" and envelope is None:  # kept as it was
+                self._record(item.name, item.where, "pass", comparison=item.comparison)
+                continue
+            status = "remeasured" if item.status == "pass" else item.status
+            message = "; ".join(m for m in (item.message, note) if m)
+            entry = Entry(item.entry.structure, item.entry.tensors, envelope, references)
+            self._stage_entry(
+                entry, item.name, item.where, status, message, item.comparison, item.device
+            )
 
     def flush(self, *, complete: bool) -> None:
         """Write staged values into the test's golden file in one atomic replace.
@@ -442,30 +471,8 @@ class Golden:
         if not isinstance(self.source, GoldenDirectory) or not self.update:
             return
         with self._lock:
-            self._write(complete=complete)
-
-    def _write(self, *, complete: bool) -> None:
-        if not self._staged and not complete:
-            return
-        try:
-            golden_file = None if self._file_unreadable else self._golden_file()
-        except DumpFormatError:
-            if self._staged:
-                raise
-            return  # a file this version must not rewrite (newer schema): its test reported it
-        entries: dict[str, Entry] = dict(golden_file.entries) if golden_file else {}
-        stale = set(entries) - self._used if complete else set()
-        if not self._staged and not stale:
-            return
-        for name in stale:
-            del entries[name]
-        entries.update(self._staged)
-        path = self.location
-        mark_golden_dir(self.source.path)
-        write_golden(path, entries, environment_record(self._device, seed=self.seed))
-        self._file = read_golden(path) if self._autoflush else _MISSING
-        self._staged.clear()
-        self._file_unreadable = False
+            self.end_float64_rerun()
+            self._store.write(self._names.used, complete=complete)
 
     def _record(
         self,
@@ -477,27 +484,16 @@ class Golden:
         message: str = "",
         envelope: tuple[Mapping[str, Any] | None, float | None] = (None, None),
     ) -> None:
-        record: dict[str, Any] = {
-            "test": self.test_id,
-            "name": name,
-            "golden": where,
-            "status": status,
-            "message": message,
-            **left_out_record(self._left_out.get(name)),
-        }
-        stored, excess = envelope
-        if stored is not None or excess is not None:
-            record["envelope"] = {
-                "kind": None if stored is None else stored.get("kind"),
-                "order": None if stored is None else stored.get("order"),
-                "excess": excess,
-            }
-        if comparison is not None and comparison.items:
-            worst = max(comparison.items, key=lambda item: badness(item.comparison))
-            record["verdict"] = comparison.verdict
-            record["standard"] = worst.comparison.standard.name
-            record["worst"] = item_summary(worst)
-            record["items"] = [item_summary(item) for item in comparison.items]
+        record = golden_record(
+            self.test_id,
+            name,
+            where,
+            status,
+            comparison=comparison,
+            message=message,
+            envelope=envelope,
+        )
+        record.update(left_out_record(self._left_out.get(name)))
         self.records.append(record)
         if self._on_record is not None:
             self._on_record(record)

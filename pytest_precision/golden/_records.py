@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -70,3 +71,37 @@ def comparison_excess(comparison: Comparison) -> float | None:
     ]
     known = [v for v in values if v is not None]
     return max(known) if known else None
+
+
+def golden_record(
+    test_id: str,
+    name: str,
+    where: str,
+    status: str,
+    *,
+    comparison: Comparison | None = None,
+    message: str = "",
+    envelope: tuple[Mapping[str, Any] | None, float | None] = (None, None),
+) -> dict[str, Any]:
+    """The JSON record of one golden check: status, envelope, verdict and its items."""
+    record: dict[str, Any] = {
+        "test": test_id,
+        "name": name,
+        "golden": where,
+        "status": status,
+        "message": message,
+    }
+    stored, excess = envelope
+    if stored is not None or excess is not None:
+        record["envelope"] = {
+            "kind": None if stored is None else stored.get("kind"),
+            "order": None if stored is None else stored.get("order"),
+            "excess": excess,
+        }
+    if comparison is not None and comparison.items:
+        worst = max(comparison.items, key=lambda item: badness(item.comparison))
+        record["verdict"] = comparison.verdict
+        record["standard"] = worst.comparison.standard.name
+        record["worst"] = item_summary(worst)
+        record["items"] = [item_summary(item) for item in comparison.items]
+    return record

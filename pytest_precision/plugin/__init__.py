@@ -15,6 +15,7 @@ import pytest
 
 from ..runtime._seeds import DEFAULT_SEED, derive_seed
 from . import _compare as _compare_plugin
+from . import _golden_options
 from . import _goldens as _golden_plugin
 from . import _replay as _replay_plugin
 
@@ -45,7 +46,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="seed every test as if it requested the `seeded` fixture",
     )
-    _golden_plugin.add_options(parser)
+    _golden_options.add_options(parser)
     _compare_plugin.add_options(parser)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -28,14 +29,12 @@ from ..golden._layout import (
     golden_scope,
     is_golden_dir,
     legacy_golden_relpath,
-    mark_golden_dir,
 )
 from ..golden._prune import find_unused, prune
 from ..report._goldens import golden_report_document, golden_summary_lines, record_order
+from ._golden_options import check_writable, dtype_tolerances, golden_dir
 
 if TYPE_CHECKING:
-    import torch
-
     from ..golden._golden import Golden
     from ..golden._sources import GoldenSource
     from ..golden._tolerances import Tolerance
@@ -46,61 +45,24 @@ _WORKER_OUTPUT_KEY = "pytest_precision_goldens"
 PLUGIN_NAME = "precision-goldens"
 
 
-def add_options(parser: pytest.Parser) -> None:
-    group = parser.getgroup("precision")
-    group.addoption(
-        "--golden-dir",
-        metavar="DIR",
-        help="folder of goldens for assert_close_to_golden (or a dump serving as goldens); "
-        "ini: golden_dir",
-    )
-    group.addoption(
-        "--golden-update",
-        action="store_true",
-        help="record missing goldens and rewrite differing ones (listed in the summary)",
-    )
-    group.addoption(
-        "--golden-prune",
-        action="store_true",
-        help="delete golden files no collected test uses (only in an unfiltered run)",
-    )
-    group.addoption(
-        "--precision-report",
-        metavar="PATH",
-        help="write every golden comparison, with its metrics, to this JSON file",
-    )
-    group.addoption(
-        "--precision-html",
-        metavar="PATH",
-        help="write the session's golden comparisons as a self-contained HTML page",
-    )
-    # a plain string: the "paths" type splits on spaces, and folder names may hold them
-    parser.addini("golden_dir", "folder of goldens (relative to the ini file)", type="string")
-    parser.addini(
-        "precision_tolerances",
-        "per-dtype tolerances for goldens, one 'DTYPE: standard=NAME rtol=X atol=Y' per line",
-        type="linelist",
-    )
-
-
 class GoldenPlugin:
     """Per-test goldens, and the aggregation of every comparison of the run."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.invocation_dir = config.invocation_params.dir
-        self.golden_dir = self._golden_dir(config)
+        self.golden_dir = golden_dir(config)
         self.update: bool = config.getoption("golden_update")
         self.prune: bool = config.getoption("golden_prune")
         report = config.getoption("precision_report")
         self.report_path = None if report is None else self.invocation_dir / report
         page = config.getoption("precision_html")
         self.html_path = None if page is None else self.invocation_dir / page
-        self.dtype_tolerances = _dtype_tolerances(config)
+        self.dtype_tolerances = dtype_tolerances(config)
         if (self.update or self.prune) and self.golden_dir is None:
             raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
         if self.update and self.golden_dir is not None:
-            _check_writable(self.golden_dir, mark=not hasattr(config, "workerinput"))
+            check_writable(self.golden_dir, mark=not hasattr(config, "workerinput"))
         self._source: GoldenSource | PrecisionError | None = None
         self.records: list[dict[str, Any]] = []
         # what the run's collection used: golden paths, and whether it was narrowed
@@ -115,20 +77,6 @@ class GoldenPlugin:
         self.pruned: list[str] = []
         # records each test's call report carried, to tell what its teardown added
         self._records_in_call: dict[str, int] = {}
-
-    def _golden_dir(self, config: pytest.Config) -> Path | None:
-        option = config.getoption("golden_dir")
-        if option:
-            return (self.invocation_dir / option).resolve()
-        value = config.getini("golden_dir")
-        if isinstance(value, list):  # a TOML list, as the former "paths" type took
-            if len(value) > 1:
-                raise pytest.UsageError(f"golden_dir names one folder, got {len(value)}")
-            value = value[0] if value else ""
-        if not str(value).strip():
-            return None
-        base = config.inipath.parent if config.inipath is not None else config.rootpath
-        return (base / str(value).strip()).resolve()
 
     # --- test lifecycle (serial run or xdist worker) -------------------------------------------
 
@@ -151,13 +99,26 @@ class GoldenPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        start = _random_state() if self.update else None
         try:
             result = yield
         except (KeyboardInterrupt, pytest.exit.Exception):
             self._flush(item, complete=False)  # pytest skips the teardown: keep what was staged
             raise
+        except BaseException:
+            self._end_rerun(item)  # a failing test is not rerun: its records join its report
+            raise
         item.stash[_call_passed_key] = True
+        built = item.stash.get(_built_key, [])
+        if start is not None and built and built[0].awaits_float64_rerun:
+            from ._float64_rerun import rerun_in_float64
+
+            rerun_in_float64(item, built[0], start)
         return result
+
+    def _end_rerun(self, item: pytest.Item) -> None:
+        for golden in item.stash.get(_built_key, []):
+            golden.end_float64_rerun()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
@@ -230,6 +191,7 @@ class GoldenPlugin:
             on_record=on_record,
             autoflush=False,
             seed=_test_seed(item),
+            float64_rerun=self.update,
         )
 
     # --- collection: which golden files this run uses ------------------------------------------
@@ -410,40 +372,14 @@ _token_key = pytest.StashKey[int]()
 _call_passed_key = pytest.StashKey[bool]()
 
 
-def _dtype_tolerances(config: pytest.Config) -> dict[torch.dtype, Tolerance]:
-    """The ini ``precision_tolerances``, checked at startup; torch is imported only to read
-    lines that are there."""
-    lines = config.getini("precision_tolerances")
-    if not lines:
-        return {}
-    from ..golden._tolerances import parse_tolerances
+def _random_state() -> dict[str, Any] | None:
+    """The random state a test starts from, for its float64 rerun (only when torch is in use:
+    a test without torch has no goldens to rerun)."""
+    if "torch" not in sys.modules:
+        return None
+    from ._float64_rerun import random_state
 
-    try:
-        return parse_tolerances(lines)
-    except PrecisionInputError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-def _check_writable(golden_dir: Path, *, mark: bool) -> None:
-    """``--golden-update`` needs a golden directory it can create: anything else is a usage
-    error at start-up, never a failure per test. ``mark``: this process (not an xdist worker)
-    writes the marker, before any worker starts, so a half-written folder never looks like a
-    dump."""
-    if golden_dir.exists() and not golden_dir.is_dir():
-        raise pytest.UsageError(f"--golden-update: --golden-dir {golden_dir} is a file")
-    if not is_golden_dir(golden_dir):
-        raise pytest.UsageError(
-            f"--golden-update cannot write into {golden_dir}: it is a dump (or another "
-            f"folder without {MARKER}), not a golden directory"
-        )
-    if mark:
-        try:
-            mark_golden_dir(golden_dir)
-        except OSError as exc:
-            raise pytest.UsageError(
-                f"--golden-dir {golden_dir}: cannot create the golden directory "
-                f"({exc.strerror or exc})"
-            ) from None
+    return random_state()
 
 
 def _marker_tolerance(item: pytest.Item) -> Tolerance:

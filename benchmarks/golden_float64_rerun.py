@@ -1,4 +1,4 @@
-"""Plain ``assert_close_to_golden`` on low-precision layers: the float64 rerun's bar (issue #25).
+"""Plain ``assert_close_to_golden`` on low-precision layers: the float64 rerun's bar.
 
 Each decoder layer's output and the logits of tiny bf16 / fp16 HF models (``tests/layer_models``:
 Llama, GPT-2, Gemma, Qwen2, Mistral, Phi-3), asserted with the plain line, no ``reference=``:

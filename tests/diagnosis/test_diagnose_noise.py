@@ -1,4 +1,4 @@
-"""diagnose decides by measured noise (issue #25, item 3): at HF's default init (0.02) a stray
+"""diagnose decides by measured noise: at HF's default init (0.02) a stray
 bias, a norm computed in bf16 and a projection rounded to bf16 inside fp32 models move the
 logits by far less than 0.1 nats but far more than fp32's noise, and each is localized to its
 module; clean pairs, an honest bf16 port and bf16 runs on another thread count or reduction

@@ -1,4 +1,4 @@
-"""Issue #25's bar through the real path: plain ``assert_close_to_golden`` of each layer's
+"""Noise-aware by default, through the real path: plain ``assert_close_to_golden`` of each layer's
 output and the logits of bf16 / fp16 models, recorded with ``pytest --golden-dir D
 --golden-update`` (which reruns each test in float64 for the references), then checked with
 ``pytest --golden-dir D``: the honest port passes, a planted bug fails first at its layer.

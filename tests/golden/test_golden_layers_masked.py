@@ -1,4 +1,4 @@
-"""Issue #25 item 2: masked positions are not compared. Outputs at padding (attention_mask 0)
+"""Masked positions are not compared. Outputs at padding (attention_mask 0)
 are never used by the model and follow each dtype's mask constant, so goldens checked with a
 mask keep only the real positions (recorded and checked) and say how many they left out."""
 

@@ -380,13 +380,11 @@ class Capture:
         if t.layout is torch.strided and not t.is_contiguous():  # data is stored contiguous
             members = f'{members},"stride":{json_text(t.stride())}'
         step = self.step_index
-        if (
-            t.layout is not torch.strided
-            or t.is_quantized
-            or t.is_meta
-            or self._uninitialized.holds(t)
-        ):
-            writer.add_encoded(members, step)  # no dense data (or none worth one) to store
+        if t.layout is not torch.strided or t.is_quantized or t.is_meta:
+            writer.add_encoded(members, step)  # no dense data to store
+            return
+        if (memory := self._uninitialized.state(t)) is not None:  # none worth storing
+            writer.add_encoded(f'{members},"memory":"{memory}"', step)
             return
         key = self._recorded.key_of(t)
         if key is not None:  # recorded before and unchanged since: share its data and statistics

@@ -44,7 +44,9 @@ class Record:
     #: contiguous; replay restores the layout, which can change an op's last bits)
     stride: tuple[int, ...] | None = None
     #: why a tensor has no data: its memory was ``"unwritten"`` or ``"partly written"`` since an
-    #: ``empty`` op allocated it (its bytes are whatever the allocator left, not data)
+    #: ``empty`` op allocated it (its bytes are whatever the allocator left, not data); or
+    #: ``"filled"``: its data was assembled by writes into slices of such a buffer, so no call
+    #: put it out whole
     memory: str | None = None
 
     @property
@@ -62,7 +64,9 @@ class Record:
 
 
 #: The ``memory`` a tensor recorded without data may have (see ``Record.memory``).
-MEMORY_STATES = frozenset({"unwritten", "partly written"})
+MEMORY_STATES = frozenset({"unwritten", "partly written", "filled"})
+#: The ``memory`` of a tensor recorded without data.
+GARBAGE_MEMORY = frozenset({"unwritten", "partly written"})
 
 #: Slot prefixes of the values a call received (recorded before it ran) and produced.
 INPUT_SLOTS = ("input", "kwargs")

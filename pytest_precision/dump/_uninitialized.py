@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 import torch
 
+from ._records import GARBAGE_MEMORY
+
 #: Calls (``kind.op``) that return uninitialized memory.
 EMPTY_APIS = frozenset(
     {"Torch.empty", "Torch.empty_like", "Torch.empty_strided", "Tensor.new_empty",
@@ -38,8 +40,10 @@ EMPTY_APIS = frozenset(
 #: Buffers up to this size are tracked byte by byte; larger ones as a whole.
 MAX_TRACKED_BYTES = 1 << 28
 
-#: Why a tensor is recorded without data (the record's ``memory`` member).
-State = Literal["unwritten", "partly written"]
+#: The record's ``memory`` member: why a tensor is recorded without data (``unwritten``,
+#: ``partly written``), or that its data was assembled by writes into slices of an ``empty``
+#: buffer (``filled``: no call put it out whole, so a comparison does not take it for a weight).
+State = Literal["unwritten", "partly written", "filled"]
 
 
 def _storage(t: torch.Tensor) -> int | None:
@@ -108,7 +112,7 @@ _REGIONS: dict[str, Callable[[torch.Tensor, tuple[Any, ...]], None]] = {
 class _Buffer:
     """One storage allocated by an ``empty`` op: which of its bytes were written since."""
 
-    __slots__ = ("nbytes", "mask", "count")
+    __slots__ = ("count", "mask", "nbytes")
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
@@ -148,6 +152,8 @@ class UninitializedMemory:
 
     def __init__(self) -> None:
         self._buffers: dict[int, _Buffer] = {}
+        #: storages wholly written piece by piece since their allocation
+        self._filled: set[int] = set()
 
     def written(self, values: Iterable[Any]) -> None:
         """Every element of each tensor in ``values`` was written."""
@@ -157,8 +163,7 @@ class UninitializedMemory:
 
     def _write(self, t: torch.Tensor, region: torch.Tensor | None) -> None:
         pointer = _storage(t)
-        buffer = self._buffers.get(pointer) if pointer is not None else None
-        if buffer is None:
+        if pointer is None or (buffer := self._buffers.get(pointer)) is None:
             return
         with torch._C.DisableTorchFunction():
             try:
@@ -166,7 +171,9 @@ class UninitializedMemory:
             except (RuntimeError, IndexError):  # a layout the mask cannot follow
                 done = True
         if done:
-            del self._buffers[pointer]  # type: ignore[arg-type]
+            del self._buffers[pointer]
+            if buffer.mask is not None:  # filled piece by piece
+                self._filled.add(pointer)
 
     def after_call(
         self, api: str, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -178,8 +185,9 @@ class UninitializedMemory:
             for t in _tensors([output]):
                 if (p := _storage(t)) is not None:
                     self._buffers[p] = _Buffer(t.untyped_storage().nbytes())
+                    self._filled.discard(p)
             return
-        if not self._buffers:
+        if not self._buffers and not self._filled:
             return
         if "out" in kwargs:
             self.written([kwargs["out"]])
@@ -188,8 +196,9 @@ class UninitializedMemory:
             self._write_self(op, args)
         inputs = {_storage(t) for t in _tensors([*args, *kwargs.values()])}
         for t in _tensors([output]):
-            if (p := _storage(t)) not in inputs:
-                self._buffers.pop(p, None)  # type: ignore[arg-type]
+            if (p := _storage(t)) not in inputs and p is not None:
+                self._buffers.pop(p, None)
+                self._filled.discard(p)
 
     def _write_self(self, op: str, args: tuple[Any, ...]) -> None:
         target = args[0]
@@ -212,13 +221,14 @@ class UninitializedMemory:
 
     def state(self, t: torch.Tensor) -> State | None:
         """``"unwritten"`` when no byte of ``t`` was written since an ``empty`` op allocated it,
-        ``"partly written"`` when some were, ``None`` when all were (or it was never empty)."""
-        if not self._buffers:
+        ``"partly written"`` when some were, ``"filled"`` when all were, piece by piece, ``None``
+        when it was never empty or one write filled it."""
+        if not self._buffers and not self._filled:
             return None
         pointer = _storage(t)
         buffer = self._buffers.get(pointer) if pointer is not None else None
         if buffer is None:
-            return None
+            return "filled" if pointer in self._filled else None
         with torch._C.DisableTorchFunction():
             try:
                 return buffer.state(t)
@@ -227,7 +237,8 @@ class UninitializedMemory:
 
     def holds(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lies in memory not wholly written since an ``empty`` op allocated it."""
-        return self.state(t) is not None
+        return self.state(t) in GARBAGE_MEMORY
 
     def clear(self) -> None:
         self._buffers.clear()
+        self._filled.clear()

@@ -211,7 +211,6 @@ _BUGS = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["tensor", "statistics"])
 def test_deepseek_v3_noise_names_no_culprit(tmp_path: Path, mode: str) -> None:
     golden = _capture_model(_deepseek_v3(), tmp_path / "golden", mode)
@@ -224,7 +223,6 @@ def test_deepseek_v3_noise_names_no_culprit(tmp_path: Path, mode: str) -> None:
     assert d is None, f"{d.name} in {d.module} ({d.rule}): {d.reason}"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("bug", list(_BUGS))
 def test_deepseek_v3_planted_bug_is_found_at_its_module(tmp_path: Path, bug: str) -> None:
     golden = _capture_model(_deepseek_v3(), tmp_path / "golden", "tensor")

@@ -24,6 +24,7 @@ view, ``.data`` through a kernel torch does not see) are not seen.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -112,10 +113,13 @@ _REGIONS: dict[str, Callable[[torch.Tensor, tuple[Any, ...]], None]] = {
 class _Buffer:
     """One storage allocated by an ``empty`` op: which of its bytes were written since."""
 
-    __slots__ = ("count", "mask", "nbytes")
+    __slots__ = ("allocated", "count", "mask", "nbytes")
 
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
+    def __init__(self, allocated: torch.Tensor) -> None:
+        #: the tensor the ``empty`` op returned: its views keep it alive; once it is gone, the
+        #: memory may be handed out again (by calls capture does not see)
+        self.allocated = weakref.ref(allocated)
+        self.nbytes = allocated.untyped_storage().nbytes()
         self.mask: torch.Tensor | None = None  # None: nothing written yet
         self.count = 0  # bytes set in mask, at most (overlapping writes count twice)
 
@@ -153,7 +157,7 @@ class UninitializedMemory:
     def __init__(self) -> None:
         self._buffers: dict[int, _Buffer] = {}
         #: storages wholly written piece by piece since their allocation
-        self._filled: set[int] = set()
+        self._filled: dict[int, weakref.ref[torch.Tensor]] = {}
 
     def written(self, values: Iterable[Any]) -> None:
         """Every element of each tensor in ``values`` was written."""
@@ -163,7 +167,7 @@ class UninitializedMemory:
 
     def _write(self, t: torch.Tensor, region: torch.Tensor | None) -> None:
         pointer = _storage(t)
-        if pointer is None or (buffer := self._buffers.get(pointer)) is None:
+        if pointer is None or (buffer := self._buffer(pointer)) is None:
             return
         with torch._C.DisableTorchFunction():
             try:
@@ -173,7 +177,7 @@ class UninitializedMemory:
         if done:
             del self._buffers[pointer]
             if buffer.mask is not None:  # filled piece by piece
-                self._filled.add(pointer)
+                self._filled[pointer] = buffer.allocated
 
     def after_call(
         self, api: str, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -184,8 +188,8 @@ class UninitializedMemory:
         if api in EMPTY_APIS:
             for t in _tensors([output]):
                 if (p := _storage(t)) is not None:
-                    self._buffers[p] = _Buffer(t.untyped_storage().nbytes())
-                    self._filled.discard(p)
+                    self._buffers[p] = _Buffer(t)
+                    self._filled.pop(p, None)
             return
         if not self._buffers and not self._filled:
             return
@@ -198,7 +202,7 @@ class UninitializedMemory:
         for t in _tensors([output]):
             if (p := _storage(t)) not in inputs and p is not None:
                 self._buffers.pop(p, None)
-                self._filled.discard(p)
+                self._filled.pop(p, None)
 
     def _write_self(self, op: str, args: tuple[Any, ...]) -> None:
         target = args[0]
@@ -217,7 +221,7 @@ class UninitializedMemory:
         """Note the 0-dim integer tensors among a custom op's arguments (opaque handles)."""
         for t in _tensors(args):
             if t.dim() == 0 and not t.is_floating_point() and (p := _storage(t)) is not None:
-                self._buffers[p] = _Buffer(t.untyped_storage().nbytes())
+                self._buffers[p] = _Buffer(t)
 
     def state(self, t: torch.Tensor) -> State | None:
         """``"unwritten"`` when no byte of ``t`` was written since an ``empty`` op allocated it,
@@ -226,14 +230,27 @@ class UninitializedMemory:
         if not self._buffers and not self._filled:
             return None
         pointer = _storage(t)
-        buffer = self._buffers.get(pointer) if pointer is not None else None
-        if buffer is None:
-            return "filled" if pointer in self._filled else None
+        if pointer is None:
+            return None
+        if (buffer := self._buffer(pointer)) is None:
+            filled = self._filled.get(pointer)
+            if filled is not None and filled() is None:
+                del self._filled[pointer]
+                return None
+            return None if filled is None else "filled"
         with torch._C.DisableTorchFunction():
             try:
                 return buffer.state(t)
             except RuntimeError:  # a layout the mask cannot follow: as allocated
                 return "unwritten"
+
+    def _buffer(self, pointer: int) -> _Buffer | None:
+        """The buffer tracked at ``pointer``, while what its ``empty`` op returned lives."""
+        buffer = self._buffers.get(pointer)
+        if buffer is not None and buffer.allocated() is None:
+            del self._buffers[pointer]
+            return None
+        return buffer
 
     def holds(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lies in memory not wholly written since an ``empty`` op allocated it."""

@@ -5,6 +5,7 @@ written it is data, and not taken for a weight by the comparison."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -86,6 +87,18 @@ def test_a_byte_view_of_another_dtype_follows_the_bytes() -> None:
     memory.after_call("Tensor.fill_", (raw[:4], 0), {}, raw[:4])
     assert memory.state(buf[0]) is None
     assert memory.state(buf[1]) == "unwritten"
+
+
+def test_memory_is_tracked_while_its_allocation_lives() -> None:
+    """Once what ``empty`` returned is gone, its memory may be handed out again by calls
+    capture does not see: a tensor found there is not taken for garbage."""
+    memory = UninitializedMemory()
+    buf = _allocated(memory, (4,))
+    alias = buf.detach()  # shares the storage, keeps no reference to ``buf``
+    assert memory.state(alias) == "unwritten"
+    del buf
+    gc.collect()
+    assert memory.state(alias) is None
 
 
 def _capture(path: Path, a: torch.Tensor, b: torch.Tensor) -> Path:

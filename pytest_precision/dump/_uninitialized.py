@@ -98,7 +98,7 @@ def _scatter(where: torch.Tensor, dim: Any, index: Any) -> None:
 #: (``where`` is a False bool tensor shaped like ``self``; ``a`` the call's arguments).
 _REGIONS: dict[str, Callable[[torch.Tensor, tuple[Any, ...]], None]] = {
     "__setitem__": lambda where, a: where.__setitem__(a[1], True),
-    "index_put_": lambda where, a: where.index_put_(tuple(a[1]), torch.tensor(True)),
+    "index_put_": lambda where, a: where.index_put_(tuple(a[1]), where.new_ones(())),
     "masked_fill_": lambda where, a: where.masked_fill_(a[1], True),
     "masked_scatter_": lambda where, a: where.masked_fill_(a[1], True),
     "index_fill_": lambda where, a: where.index_fill_(a[1], a[2], True),

@@ -90,13 +90,13 @@ def _marked(t: torch.Tensor, mark: Callable[[torch.Tensor], Any]) -> torch.Tenso
     return where.cpu()
 
 
-def _scatter(where: torch.Tensor, dim: Any, index: Any) -> None:
-    where.scatter_(dim, index, True)
+def _scatter(where: torch.Tensor, dim: Any, index: Any) -> object:
+    return where.scatter_(dim, index, True)
 
 
 #: In-place Tensor methods that write only some elements of ``self``: how to mark them
 #: (``where`` is a False bool tensor shaped like ``self``; ``a`` the call's arguments).
-_REGIONS: dict[str, Callable[[torch.Tensor, tuple[Any, ...]], None]] = {
+_REGIONS: dict[str, Callable[[torch.Tensor, tuple[Any, ...]], object]] = {
     "__setitem__": lambda where, a: where.__setitem__(a[1], True),
     "index_put_": lambda where, a: where.index_put_(tuple(a[1]), where.new_ones(())),
     "masked_fill_": lambda where, a: where.masked_fill_(a[1], True),

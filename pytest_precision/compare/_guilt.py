@@ -306,7 +306,11 @@ class GuiltJudge:
 
     def _is_source(self, record: Record) -> bool:
         """An input that no recorded call produced. In a module-level dump, glue code between
-        modules (a residual add) is not recorded, so only non-tensor values count there."""
+        modules (a residual add) is not recorded, so only non-tensor values count there. A
+        buffer filled piece by piece (``memory`` ``filled``) was produced by the recorded
+        writes into its slices, which were judged."""
+        if record.memory == "filled":
+            return False
         return not record.is_tensor or self.provenance.op_level
 
     def _is_new_prompt(self, target: Call, record: Record) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 
 from .._errors import PrecisionInputError
-from ..dump._records import Call, Record
+from ..dump._records import GARBAGE_MEMORY, Call, Record
 from ..numerics._comparison import TensorComparison, resolve_standard
 from ..numerics._dtypes import dtype_from_name, dtype_name
 from ..numerics._standards import Standard, StandardName
@@ -88,6 +88,10 @@ class RecordComparer:
         """One slot: ``g`` is the golden's record of it, if the golden has one."""
         if g is None:
             return _row(golden, target, t.slot, "fail", "only the target has this slot", t=t)
+        memory = next((m for m in (t.memory, g.memory) if m in GARBAGE_MEMORY), None)
+        if memory is not None:  # garbage on one side: not data
+            reason = f"uninitialized memory ({memory} since an empty* allocation)"
+            return _row(golden, target, t.slot, "skip", reason, g, t)
         if not (g.is_tensor and t.is_tensor):
             if g.is_tensor or t.is_tensor:
                 return _row(golden, target, t.slot, "fail", "a tensor on one side only", g, t)

@@ -31,6 +31,7 @@ from ._leaves import has_tensor, input_leaves, output_leaves
 from ._native import encode_value, json_members, json_text
 from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
 from ._recorded import RecordedTensors
+from ._records import GARBAGE_MEMORY
 from ._uninitialized import UninitializedMemory
 from ._writer import DumpWriter, summarize
 
@@ -380,14 +381,14 @@ class Capture:
         if t.layout is torch.strided and not t.is_contiguous():  # data is stored contiguous
             members = f'{members},"stride":{json_text(t.stride())}'
         step = self.step_index
-        if (
-            t.layout is not torch.strided
-            or t.is_quantized
-            or t.is_meta
-            or self._uninitialized.holds(t)
-        ):
-            writer.add_encoded(members, step)  # no dense data (or none worth one) to store
+        if t.layout is not torch.strided or t.is_quantized or t.is_meta:
+            writer.add_encoded(members, step)  # no dense data to store
             return
+        if (memory := self._uninitialized.state(t)) is not None:
+            members = f'{members},"memory":"{memory}"'
+            if memory in GARBAGE_MEMORY:  # no data worth storing
+                writer.add_encoded(members, step)
+                return
         key = self._recorded.key_of(t)
         if key is not None:  # recorded before and unchanged since: share its data and statistics
             writer.add_encoded(members, step, alias=key)

@@ -30,7 +30,7 @@ from .._errors import DumpFormatError
 from ..numerics._stats import TensorStats
 from ._json_files import TOO_DEEP
 from ._native_index import RANK_DONE, RECORDS, SHARD_PATTERN, rank_dir, read_manifest, read_rank
-from ._records import Dump, Record
+from ._records import MEMORY_STATES, Dump, Record
 from ._safe_io import load_safetensors_tensor
 
 # -- JSON values ---------------------------------------------------------------------------------
@@ -227,6 +227,9 @@ def _record(
     stride = entry.get("stride")
     if stride is not None and (shape is None or not _is_shape(stride) or len(stride) != len(shape)):
         raise DumpFormatError(where, f"malformed stride {stride!r}")
+    memory = entry.get("memory")
+    if memory is not None and memory not in MEMORY_STATES:
+        raise DumpFormatError(where, f"malformed memory {memory!r}")
     loader = data_id = None
     if entry.get("data") is not None:
         loader = _loader(entry["data"], dtype, shape, headers, where)
@@ -247,6 +250,7 @@ def _record(
         loader=loader,
         data_id=data_id,
         stride=None if stride is None else tuple(stride),
+        memory=memory,
     )
 
 

@@ -43,6 +43,11 @@ class Record:
     #: the strides the tensor had when recorded, when it was not contiguous (data is stored
     #: contiguous; replay restores the layout, which can change an op's last bits)
     stride: tuple[int, ...] | None = None
+    #: why a tensor has no data: its memory was ``"unwritten"`` or ``"partly written"`` since an
+    #: ``empty`` op allocated it (its bytes are whatever the allocator left, not data); or
+    #: ``"filled"``: its data was assembled by writes into slices of such a buffer, so no call
+    #: put it out whole
+    memory: str | None = None
 
     @property
     def key(self) -> str:
@@ -57,6 +62,11 @@ class Record:
         """The recorded tensor, read from disk now; ``None`` in a statistics-only dump."""
         return None if self.loader is None else self.loader()
 
+
+#: The ``memory`` a tensor recorded without data may have (see ``Record.memory``).
+MEMORY_STATES = frozenset({"unwritten", "partly written", "filled"})
+#: The ``memory`` of a tensor recorded without data.
+GARBAGE_MEMORY = frozenset({"unwritten", "partly written"})
 
 #: Slot prefixes of the values a call received (recorded before it ran) and produced.
 INPUT_SLOTS = ("input", "kwargs")

@@ -64,9 +64,26 @@ def _mha_inputs(**extra: Any) -> dict[str, Any]:
     }
 
 
+def _lstm_inputs(train: bool) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng():  # its initialisation draws: leave the session's state be
+        lstm = torch.nn.LSTM(4, 4, num_layers=2, dropout=0.5)
+    inputs: dict[str, Any] = {
+        "input.0": torch.rand(3, 1, 4, generator=generator),
+        "input.1.0": torch.zeros(2, 1, 4),
+        "input.1.1": torch.zeros(2, 1, 4),
+    }
+    for i, weight in enumerate(lstm._flat_weights):
+        assert weight is not None
+        inputs[f"input.2.{i}"] = weight.detach()
+    values = (True, 2, 0.5, train, False, False)
+    return inputs | {f"input.{3 + i}": v for i, v in enumerate(values)}
+
+
 @pytest.mark.parametrize(
     "call",
     [
+        _call("VF", "lstm", _lstm_inputs(train=True)),
         _call(
             "Functional",
             "fractional_max_pool2d",
@@ -82,7 +99,7 @@ def _mha_inputs(**extra: Any) -> dict[str, Any]:
             "Functional", "multi_head_attention_forward", _mha_inputs(**{"kwargs.training": True})
         ),
     ],
-    ids=["fractional_max_pool2d", "fractional_max_pool3d", "mha_dropout", "mha_training"],
+    ids=["lstm_train", "fractional_max_pool2d", "fractional_max_pool3d", "mha", "mha_training"],
 )
 def test_a_rerun_never_draws_from_the_global_random_state(call: Call) -> None:
     before = torch.get_rng_state()
@@ -91,13 +108,15 @@ def test_a_rerun_never_draws_from_the_global_random_state(call: Call) -> None:
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def test_attention_without_dropout_still_reruns() -> None:
+def test_attention_and_rnns_without_dropout_still_rerun() -> None:
     quiet = _call(
         "Functional", "multi_head_attention_forward", _mha_inputs(**{"kwargs.training": False})
     )
+    lstm = _call("VF", "lstm", _lstm_inputs(train=False))
     before = torch.get_rng_state()
     outputs = recompute(quiet, dtype=None)
     assert outputs["output.0"].shape == (3, 1, 8)
+    assert recompute(lstm, dtype=None)["output.0"].shape == (3, 1, 4)
     assert torch.equal(torch.get_rng_state(), before)
 
 

@@ -25,6 +25,10 @@ import torch
 import torch.functional as torch_functional
 import torch.nn.functional as F
 
+#: Sparse constructors (torch does not check their indices unless told to), ``_unsafe_*``
+#: indexing and ``segment_reduce(unsafe=True)``: a recorded index out of range segfaults.
+_UNCHECKED = "skips torch's index checks: an index out of range writes outside memory"
+
 #: Families refused by name (tested on the op without its aten overload, leading ``_`` kept
 #: for ``Aten`` internals): pattern -> what the function does instead of computing.
 _FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -41,6 +45,10 @@ _FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(r"^(set_[a-z]|use_deterministic|enable_|disable_)"),
         "changes process-wide state",
+    ),
+    (
+        re.compile(r"sparse|(^|_)(coo|csr|csc|bsr|bsc)($|_)|^_unsafe_"),
+        _UNCHECKED,
     ),
     (
         re.compile(
@@ -175,4 +183,6 @@ def _schema_refusal(schema: Any) -> str | None:
             return "draws from the random number generator state"
         if "str" in written and argument.name in _PATH_ARGUMENTS:
             return "reads or writes files"
+        if argument.name == "unsafe":  # segment_reduce(unsafe=True) trusts its lengths
+            return _UNCHECKED
     return None

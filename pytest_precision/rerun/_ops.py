@@ -31,7 +31,9 @@ _RANDOM = frozenset({
     "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
     "bernoulli", "multinomial", "normal", "uniform", "exponential", "geometric", "cauchy",
     "log_normal", "random", "poisson", "binomial", "gumbel_softmax", "fused_dropout",
-    "rrelu_with_noise", "pca_lowrank", "svd_lowrank",
+    "rrelu_with_noise", "pca_lowrank", "svd_lowrank", "fractional_max_pool2d",
+    "fractional_max_pool3d", "fractional_max_pool2d_with_indices",
+    "fractional_max_pool3d_with_indices",
 })
 
 
@@ -46,6 +48,18 @@ _RANDOM_WHEN_TRAINING = {
     **dict.fromkeys(("alpha_dropout", "feature_alpha_dropout"), (2, False)),
     "rrelu": (3, False),
 }
+
+
+#: Attention that draws a dropout mask when ``dropout_p`` > 0: name -> (position of
+#: ``dropout_p``, position of its training flag (default True), or None when it has none).
+_ATTENTION_DROPOUT: dict[str, tuple[int, int | None]] = {
+    "scaled_dot_product_attention": (4, None),
+    "multi_head_attention_forward": (10, 13),
+}
+
+
+#: Recurrent layers that draw a dropout mask between layers when training (``torch._VF``).
+_RNNS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
 
 
 #: Ops whose output is uninitialized memory (or partly: ``resize_`` growing a tensor).
@@ -93,14 +107,33 @@ def _refuse_by_name(call: Call) -> None:
         )
     if name in _RANDOM:
         raise NotReplayable(f"{call.name} is a random op: a rerun draws different numbers")
-    if name == "scaled_dot_product_attention" and _argument_value(call, 4, "dropout_p"):
-        raise NotReplayable(f"{call.name} is a random op: dropout_p > 0 draws a fresh mask")
+    if name in _ATTENTION_DROPOUT:
+        position, training = _ATTENTION_DROPOUT[name]
+        trains = training is None or _training_flag(call, training, True) is not False
+        if trains and _argument_value(call, position, "dropout_p"):
+            raise NotReplayable(f"{call.name} is a random op: dropout_p > 0 draws a fresh mask")
+    if name in _RNNS and _rnn_drops_out(call):
+        raise NotReplayable(
+            f"{call.name} is a random op: {name} with dropout > 0 and train=True draws a fresh "
+            "mask between layers"
+        )
     if name in _RANDOM_WHEN_TRAINING:
         position, default = _RANDOM_WHEN_TRAINING[name]
         if _training_flag(call, position, default) is not False:
             raise NotReplayable(
                 f"{call.name} is a random op: {name} with training=True draws a fresh mask"
             )
+
+
+def _rnn_drops_out(call: Call) -> bool:
+    """Whether a recorded ``torch._VF.lstm`` / ``gru`` / ``rnn_*`` call trains with dropout.
+    Their arguments are positional: ``(input, hx, params, has_biases, num_layers, dropout,
+    train, ...)``, or with ``batch_sizes`` (a tensor in slot ``input.1``) after ``input``, which
+    moves ``dropout`` and ``train`` one place on."""
+    packed = any(r.slot == "input.1" and r.is_tensor for r in call.inputs)
+    dropout = _argument_value(call, 6 if packed else 5, "dropout")
+    train = _argument_value(call, 7 if packed else 6, "train")
+    return bool(dropout) and train is not False
 
 
 def _argument_value(call: Call, position: int, keyword: str) -> Any:

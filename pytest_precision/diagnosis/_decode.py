@@ -15,7 +15,7 @@ processor), which replays a generation exactly, on another copy of the model too
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -68,7 +68,7 @@ def cached_generate(
     steps: int,
     *,
     follow: torch.Tensor | None = None,
-    on_forward: Callable[[int], None] | None = None,
+    on_forward: Callable[[int], object] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` greedy tokens per row by ``model.generate`` with its KV cache, and each step's
     raw logits: ``(batch, steps)`` long and ``(batch, steps, vocab)`` float, on the CPU.
@@ -96,7 +96,8 @@ def cached_generate(
         # first of the root's pre-hooks: the capture's own must already see the new step
         handle = model.register_forward_pre_hook(step_hook, with_kwargs=True, prepend=True)
     try:
-        out = model.generate(
+        generate = cast("Callable[..., Any]", model.generate)
+        out = generate(
             prompt.to(device),
             **kwargs,
             do_sample=False,

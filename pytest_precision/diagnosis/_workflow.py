@@ -317,10 +317,23 @@ def _localize(
                 f"{d.reason}"
                 if d is not None
                 else f"no guilty call (verdict {comparison.verdict})"
-            ),
+            )
+            + _cache_hint(generation, step, d),
         )
     )
     return comparison
+
+
+def _cache_hint(generation: Generation, step: int, d: Any) -> str:
+    """On the cached path, a decode step's input that none of its calls produced is, unless a
+    weight differs, what an earlier step left in the KV cache: say where to look."""
+    if not generation.cached or step == 0 or d is None or d.cause != "source":
+        return ""
+    where = d.layer or d.module or "this module"
+    return (
+        f"; on the cached path such an input is, unless a weight differs, the KV cache that "
+        f"steps 0-{step - 1} wrote: what {where} stores in its cache differs"
+    )
 
 
 def _later_layers(model: torch.nn.Module | None, layer: str) -> list[str]:

@@ -301,6 +301,14 @@ def _add_diagnose(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         metavar="K",
         help="logprobs may differ by K times the golden's own measured error (default: 4)",
     )
+    diagnose.add_argument(
+        "--cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="generate on the models' cached path (model.generate with the KV cache: sees "
+        "decode-only bugs) or, with --no-cache, by one full forward per step; default: cached "
+        "for HF models, the saved runs' own path",
+    )
     diagnose.set_defaults(handler=_diagnose)
 
 
@@ -352,6 +360,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         max_new_tokens=steps,
         out=args.out,
         devices=args.devices,
+        cache=args.cache,
         **factor,
     )
     _say(diagnosis_message(result))

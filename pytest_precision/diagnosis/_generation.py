@@ -1,9 +1,14 @@
-"""Greedy generation without a cache, and a run saved to a folder to diagnose on another machine.
+"""Greedy generation on either side, and a run saved to a folder to diagnose on another machine.
 
-Every step is one full forward of the prompt and the tokens so far (no KV cache), so the step
-that produced token ``s`` can be rerun alone, under capture, on either side, and a brute-force
-scan gives the same tokens. A saved run holds the generation, the config, the weights'
-fingerprint, the environment and a tensor dump of each step's forward (``dump/step<s>/``).
+Two paths. **Cached** (HF models, the default): ``model.generate`` itself, a prefill then one
+decode forward per token reading the KV cache (``_decode.py``); the step that produced token
+``s`` is captured by replaying the generation from the prefill inside the capture, so the dump
+of step ``s`` holds that decode forward and the cache it read. **Full forward** (any module
+returning logits, or ``cache=False``): every step is one forward of the prompt and the tokens so
+far, which a brute-force scan reproduces and which can be rerun alone; it cannot see a bug that
+lives only in the cache. A saved run holds the generation, which path made it, the config, the
+weights' fingerprint, the environment and a tensor dump of each step's forward
+(``dump/step<s>/``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from .._errors import PrecisionInputError
 from ..dump._capture import capture
 from ..output._weights import fingerprint_weights
 from ..runtime._environment import precision_environment
+from ._decode import cached_generate, supports_cache
 
 #: The file that marks a folder as a saved run.
 RUN_FILE = "run.json"
@@ -33,12 +39,24 @@ _SCHEMA = 1
 @dataclass(frozen=True)
 class Generation:
     """Greedy tokens per row (``(batch, steps)``) and their float64 log-softmax distributions
-    (``(batch, steps, vocab)``), after ``prompt`` (``(batch, length)``)."""
+    (``(batch, steps, vocab)``), after ``prompt`` (``(batch, length)``); ``cached``: made on the
+    model's cached path (``generate``), else by full forwards."""
 
     prompt: torch.Tensor
     attention_mask: torch.Tensor | None
     tokens: torch.Tensor
     logprobs: torch.Tensor
+    cached: bool = False
+
+    def head(self, steps: int) -> Generation:
+        """The first ``steps`` tokens and their distributions."""
+        return Generation(
+            self.prompt,
+            self.attention_mask,
+            self.tokens[:, :steps],
+            self.logprobs[:, :steps],
+            self.cached,
+        )
 
     def prefix(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The input of the forward that produces token ``step``: the prompt and the tokens
@@ -111,28 +129,85 @@ def forward_logits(
     return logits
 
 
+def path_for(models: Iterable[torch.nn.Module], cache: bool | None) -> bool:
+    """Whether to generate on the cached path: ``cache``, or by default when every model has
+    HF ``generate``; asking for it on a model without one is refused."""
+    models = list(models)
+    if cache is None:
+        return all(supports_cache(m) for m in models)
+    if cache:
+        for model in models:
+            if not supports_cache(model):
+                raise PrecisionInputError(
+                    f"cache=True needs a decoder-only model with HF generate(); "
+                    f"{type(model).__name__} has none (use cache=False)"
+                )
+    return bool(cache)
+
+
+def _logprobs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.double(), -1).cpu()
+
+
 @torch.no_grad()
 def generate(
-    model: torch.nn.Module, prompt: torch.Tensor, mask: torch.Tensor | None, max_new_tokens: int
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    mask: torch.Tensor | None,
+    max_new_tokens: int,
+    *,
+    cache: bool = False,
 ) -> Generation:
-    """``max_new_tokens`` greedy tokens per row (argmax of the model's own logits; no stop at
-    an end-of-sequence token, so both sides always have the same number of steps)."""
-    tokens: list[torch.Tensor] = []
-    logprobs: list[torch.Tensor] = []
-    ids = prompt
-    for step in range(max_new_tokens):
-        last = forward_logits(model, ids, _extend(mask, step))[:, -1]
-        token = last.argmax(-1).cpu()
-        tokens.append(token)
-        logprobs.append(torch.log_softmax(last.double(), -1).cpu())
-        ids = torch.cat([ids, token[:, None]], dim=1)
+    """``max_new_tokens`` greedy tokens per row (no stop at an end-of-sequence token, so both
+    sides always have the same number of steps): by ``model.generate`` with its cache
+    (``cache=True``), else the argmax of one full forward per step."""
+    if cache:
+        tokens, logits = cached_generate(model, prompt, mask, max_new_tokens)
+        return Generation(prompt, mask, tokens, _logprobs(logits), True)
+    steps = [step for step, _ in _full_forwards(model, prompt, mask, max_new_tokens, None)]
     batch = prompt.shape[0]
     return Generation(
         prompt,
         mask,
-        torch.stack(tokens, 1) if tokens else torch.zeros(batch, 0, dtype=torch.long),
-        torch.stack(logprobs, 1) if logprobs else torch.zeros(batch, 0, 0, dtype=torch.float64),
+        torch.stack([s.argmax(-1).cpu() for s in steps], 1)
+        if steps
+        else torch.zeros(batch, 0, dtype=torch.long),
+        torch.stack([_logprobs(s) for s in steps], 1)
+        if steps
+        else torch.zeros(batch, 0, 0, dtype=torch.float64),
     )
+
+
+def _full_forwards(
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    mask: torch.Tensor | None,
+    steps: int,
+    follow: torch.Tensor | None,
+) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    """Each step's last logits and the token taken (``follow``'s, else the argmax)."""
+    ids = prompt
+    for step in range(steps):
+        last = forward_logits(model, ids, _extend(mask, step))[:, -1]
+        token = last.argmax(-1).cpu() if follow is None else follow[:, step]
+        yield last, token
+        ids = torch.cat([ids, token[:, None]], dim=1)
+
+
+@torch.no_grad()
+def follow_logprobs(model: torch.nn.Module, generation: Generation) -> torch.Tensor:
+    """``model`` run on ``generation``'s own tokens, on the path that made it: the float64
+    log-softmax of each step's logits, ``(batch, steps, vocab)``."""
+    steps = generation.tokens.shape[1]
+    if generation.cached:
+        _, logits = cached_generate(
+            model, generation.prompt, generation.attention_mask, steps, follow=generation.tokens
+        )
+        return _logprobs(logits)
+    forwards = _full_forwards(
+        model, generation.prompt, generation.attention_mask, steps, generation.tokens
+    )
+    return torch.stack([_logprobs(last) for last, _ in forwards], 1)
 
 
 @torch.no_grad()
@@ -145,9 +220,30 @@ def capture_step(
     mode: str,
     exclude: Iterable[str] = (),
 ) -> Path:
-    """Capture (mix level) the forward that produces token ``step``, as decode step ``step``."""
+    """Capture (mix level) the forward that produces token ``step``, as decode step ``step``.
+    On the cached path the generation is replayed from the prefill (following its tokens) and
+    only forward ``step`` is recorded: it reads the cache the earlier steps wrote."""
+    excluded = list(exclude) or None
+    if generation.cached:
+        with capture(
+            model,
+            path,
+            level="mix",
+            mode=mode,  # type: ignore[arg-type]
+            exclude=excluded,
+            steps=[step],
+        ) as cap:
+            cached_generate(
+                model,
+                generation.prompt,
+                generation.attention_mask,
+                step + 1,
+                follow=generation.tokens,
+                on_forward=cap.step,
+            )
+        return path
     ids, mask = generation.prefix(step)
-    with capture(model, path, level="mix", mode=mode, exclude=list(exclude) or None) as cap:  # type: ignore[arg-type]
+    with capture(model, path, level="mix", mode=mode, exclude=excluded) as cap:  # type: ignore[arg-type]
         cap.step(step)
         forward_logits(model, ids, mask)
     return path
@@ -171,17 +267,24 @@ def save_run(
     *,
     attention_mask: Any = None,
     max_new_tokens: int = 16,
+    cache: bool | None = None,
 ) -> Path:
     """Generate greedily and save everything :func:`diagnose` needs from this side into the new
     folder ``out``: tokens, logprobs, config, weight fingerprint, environment, and a tensor dump
-    of each step's forward. Use the folder as ``diagnose``'s golden on another machine."""
+    of each step's forward. Use the folder as ``diagnose``'s golden on another machine.
+
+    ``cache``: generate on the model's cached path (``generate``, each step's dump holding its
+    decode forward); default: when the model has HF ``generate``. ``diagnose`` against this run
+    follows the same path."""
     if not isinstance(model, torch.nn.Module):
         raise PrecisionInputError(f"save_run needs a torch.nn.Module, got {type(model).__name__}")
     folder = Path(out)
     if folder.exists() and any(folder.iterdir()):
         raise PrecisionInputError(f"{folder}: exists and is not empty; choose a new folder")
     prompt, mask = as_batch(input_ids, attention_mask)
-    generation = generate(model, prompt, mask, max_new_tokens)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise PrecisionInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    generation = generate(model, prompt, mask, max_new_tokens, cache=path_for([model], cache))
     folder.mkdir(parents=True, exist_ok=True)
     for step in range(max_new_tokens):  # one dump per step: diagnose reads only the one it needs
         capture_step(model, generation, step, folder / _DUMP / f"step{step}", mode="tensor")
@@ -194,6 +297,7 @@ def save_run(
         "prompt": generation.prompt.tolist(),
         "attention_mask": None if mask is None else mask.tolist(),
         "tokens": generation.tokens.tolist(),
+        "cache": generation.cached,
         "config": config_of(model),
         "fingerprint": fingerprint_weights(model),
         "environment": precision_environment(),
@@ -222,6 +326,9 @@ class SavedRun:
             mask = record["attention_mask"]
             self.attention_mask = None if mask is None else torch.tensor(mask, dtype=torch.long)
             tokens = torch.tensor(record["tokens"], dtype=torch.long)
+            cached = record.get("cache", False)  # runs saved before the cached path had none
+            if not isinstance(cached, bool):
+                raise TypeError(f"cache must be true or false, got {cached!r}")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise PrecisionInputError(f"{file}: unreadable saved run ({exc})") from exc
         from safetensors.torch import load_file
@@ -234,7 +341,7 @@ class SavedRun:
             raise PrecisionInputError(
                 f"{self.path / _LOGPROBS}: unreadable saved run ({exc})"
             ) from None
-        self.generation = Generation(self.prompt, self.attention_mask, tokens, logprobs)
+        self.generation = Generation(self.prompt, self.attention_mask, tokens, logprobs, cached)
         self.config: dict[str, Any] | None = record.get("config")
         self.fingerprint: dict[str, Any] = record.get("fingerprint") or {}
         self.environment: dict[str, Any] = record.get("environment") or {}

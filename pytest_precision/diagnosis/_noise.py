@@ -3,11 +3,13 @@
 A fixed tolerance cannot serve every dtype: fp32 logits round at ~1e-6, bf16 ones at ~1e-2, so
 a dtype slip inside an fp32 model moves them far beyond fp32's noise and far below any tolerance
 that would also pass an honest bf16 port. So the noise is measured on the golden side: the
-golden deep-copied to float64 reruns the golden's own prefixes, and its error is how far the
-golden's log-probabilities are from that rerun, per row and decode step. When the target runs in
-another dtype, the golden cast to the target's dtype is measured the same way, so the noise of
-both precisions counts. Where no float64 rerun can run (a golden saved on another machine, an op
-with no float64 kernel) the noise is a documented dtype envelope instead (:data:`ENVELOPE_EPS`).
+golden deep-copied to float64 reruns the golden's own tokens on the path the golden generated
+on (with a KV cache when the golden did, so the rerun's cache is float64 too), and its error is
+how far the golden's log-probabilities are from that rerun, per row and decode step. When the
+target runs in another dtype, the golden cast to the target's dtype is measured the same way, so
+the noise of both precisions counts. Where no float64 rerun can run (a golden saved on another
+machine, an op with no float64 kernel) the noise is a documented dtype envelope instead
+(:data:`ENVELOPE_EPS`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ._generation import Generation, forward_logits
+from ._generation import Generation, follow_logprobs
 
 #: Where no float64 rerun runs: the logits' error is taken as this many epsilons of the coarser
 #: side's dtype, times the step's largest finite |logprob| (the spread of its logits). Loose on
@@ -80,17 +82,12 @@ def logprob_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return diff.amax(-1)
 
 
-@torch.no_grad()
 def _rerun(model: torch.nn.Module, generation: Generation, dtype: torch.dtype) -> torch.Tensor:
-    """``model`` deep-copied to ``dtype``, run on the golden's own prefixes: the float64
-    log-softmax of each step's last logits, ``(batch, steps, vocab)``."""
+    """``model`` deep-copied to ``dtype``, run on the golden's own tokens on the path that made
+    them (the cached one: a prefill and decode steps reading the twin's own cache): the float64
+    log-softmax of each step's logits, ``(batch, steps, vocab)``."""
     twin = copy.deepcopy(model).to(dtype).eval()
-    steps = []
-    for step in range(generation.tokens.shape[1]):
-        ids, mask = generation.prefix(step)
-        last = forward_logits(twin, ids, mask)[:, -1]
-        steps.append(torch.log_softmax(last.double(), -1).cpu())
-    return torch.stack(steps, 1)
+    return follow_logprobs(twin, generation)
 
 
 def estimate_noise(

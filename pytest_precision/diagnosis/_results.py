@@ -71,6 +71,8 @@ class Diagnosis:
     noise: NoiseEstimate | None = None
     #: the module owning a differing parameter, named when the dump comparison localized none
     weight_culprit: str | None = None
+    #: generated on the models' cached path (``generate``, KV cache), else by full forwards
+    cached: bool = False
 
     @property
     def passed(self) -> bool:

@@ -1,9 +1,10 @@
 """``diagnose``: the localization workflow of ``docs/diagnose.md`` in one call.
 
-checklist (config, weights, environment) -> greedy generation on both sides -> the first
-divergent token per row -> a capture of both sides at the step that produces it (statistics of
-every call first, then tensors up to the suspect layer) -> ``compare_dumps`` -> a replay of the
-culprit op on every available device -> an exported regression test -> the HTML report.
+checklist (config, weights, environment) -> greedy generation on both sides (the model's cached
+path by default, ``_decode.py``) -> the first divergent token per row -> a capture of both sides
+at the step that produces it, with the cache that step read (statistics of every call first,
+then tensors up to the suspect layer) -> ``compare_dumps`` -> a replay of the culprit op on every
+available device -> an exported regression test -> the HTML report.
 """
 
 from __future__ import annotations
@@ -25,23 +26,14 @@ from ..compare._dumps import compare_dumps
 from ..compare._results import DumpComparison
 from ..output._checklist import diff_configs
 from ..output._tokens import TIE_MARGIN, compare_tokens
-from ..output._weights import fingerprint_weights
 from ..replay._export import export_test, name_slug
 from ..replay._verdict import ReplayResult, replay_op
 from ..runtime._devices import available_devices
 from ..runtime._environment import ChecklistDiff, diff_environment
-from ._generation import (
-    Generation,
-    SavedRun,
-    as_batch,
-    capture_step,
-    config_of,
-    device_of,
-    generate,
-    is_saved_run,
-)
-from ._noise import estimate_noise, model_dtype
+from ._generation import Generation, as_batch, device_of
+from ._noise import estimate_noise
 from ._results import Diagnosis, DiagnosisStep, WeightChange
+from ._sides import Side, generation_path, path_line
 from ._stop import NOISE_FACTOR, decide
 
 #: A diagnosis (and the out folder) -> the HTML page's text; the CLI and plugin wire in
@@ -57,66 +49,6 @@ _WEIGHT_RTOL = 1e-3
 _WEIGHT_EPS = 4.0
 
 
-class _Side:
-    """One side of the diagnosis: a live model, or a run saved on another machine."""
-
-    def __init__(self, label: str, value: Any) -> None:
-        self.label = label
-        self.model: torch.nn.Module | None = None
-        self.saved: SavedRun | None = None
-        if isinstance(value, torch.nn.Module):
-            self.model = value.eval()
-        elif is_saved_run(value) or isinstance(value, SavedRun):
-            self.saved = value if isinstance(value, SavedRun) else SavedRun(value)
-        else:
-            raise PrecisionInputError(
-                f"{label} must be a torch.nn.Module or a folder written by save_run(), got "
-                f"{value!r}"
-            )
-
-    def generation(self, prompt: torch.Tensor, mask: torch.Tensor | None, n: int) -> Generation:
-        if self.model is not None:
-            return generate(self.model, prompt, mask, n)
-        assert self.saved is not None
-        g = self.saved.generation
-        same_mask = (g.attention_mask is None) == (mask is None) and (
-            mask is None or torch.equal(g.attention_mask, mask)  # type: ignore[arg-type]
-        )
-        if not torch.equal(g.prompt, prompt) or not same_mask:
-            raise PrecisionInputError(
-                f"{self.saved.path}: the saved run was generated from other input_ids or "
-                "another attention_mask; diagnose the same prompt"
-            )
-        if g.tokens.shape[1] < n:
-            raise PrecisionInputError(
-                f"{self.saved.path}: the saved run has {g.tokens.shape[1]} tokens per row, "
-                f"max_new_tokens asks for {n}"
-            )
-        return Generation(g.prompt, g.attention_mask, g.tokens[:, :n], g.logprobs[:, :n])
-
-    @property
-    def config(self) -> dict[str, Any] | None:
-        return config_of(self.model) if self.model is not None else self.saved.config  # type: ignore[union-attr]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return model_dtype(self.model, self.config)
-
-    @property
-    def fingerprint(self) -> dict[str, Any]:
-        if self.model is not None:
-            return fingerprint_weights(self.model)
-        return self.saved.fingerprint  # type: ignore[union-attr]
-
-    def dump(
-        self, generation: Generation, step: int, path: Path, mode: str, exclude: Iterable[str]
-    ) -> Path:
-        if self.model is not None:
-            return capture_step(self.model, generation, step, path, mode=mode, exclude=exclude)
-        assert self.saved is not None
-        return self.saved.step_dump(step)
-
-
 def diagnose(
     golden: Any,
     target: Any,
@@ -128,6 +60,7 @@ def diagnose(
     devices: Iterable[str] | None = None,
     tie_margin: float = TIE_MARGIN,
     noise_factor: float = NOISE_FACTOR,
+    cache: bool | None = None,
     render: Renderer | None = None,
 ) -> Diagnosis:
     """Find where ``target``'s generation departs from ``golden``'s, down to the op.
@@ -139,13 +72,17 @@ def diagnose(
     diagnosis into the HTML page (``pytest_precision.diagnose`` wires in the standard one).
     The logits may differ by ``noise_factor`` times the golden side's own measured error
     (``diagnosis/_noise.py``); a token flip is a tie only within that allowance and within
-    ``tie_margin`` nats in the top-5.
+    ``tie_margin`` nats in the top-5. ``cache``: generate on the models' cached path
+    (``model.generate``: a prefill, then one decode forward per token reading the KV cache) or,
+    with False, by one full forward of the prefix per step; default: cached when both sides can
+    (HF models), the path a saved run was made on when a side is one.
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise PrecisionInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if not noise_factor > 0:
         raise PrecisionInputError(f"noise_factor must be a positive number, got {noise_factor!r}")
-    g_side, t_side = _Side("golden", golden), _Side("target", target)
+    g_side, t_side = Side("golden", golden), Side("target", target)
+    cached = generation_path(g_side, t_side, cache)
     prompt, mask = as_batch(input_ids, attention_mask)
     folder = Path(tempfile.mkdtemp(prefix="precision-diagnosis-")) if out is None else Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -154,8 +91,9 @@ def diagnose(
 
     config_diff, environment_diff, weights = _checklist(g_side, t_side, steps)
 
-    g_gen = g_side.generation(prompt, mask, max_new_tokens)
-    t_gen = t_side.generation(prompt, mask, max_new_tokens)
+    steps.append(DiagnosisStep("generation", path_line(cached, max_new_tokens)))
+    g_gen = g_side.generation(prompt, mask, max_new_tokens, cached)
+    t_gen = t_side.generation(prompt, mask, max_new_tokens, cached)
     tokens = compare_tokens(
         g_gen.tokens,
         t_gen.tokens,
@@ -230,6 +168,7 @@ def diagnose(
         out=folder,
         noise=noise,
         weight_culprit=weight_culprit,
+        cached=cached,
     )
     if render is None:
         return diagnosis
@@ -264,7 +203,7 @@ def _replace(d: Diagnosis, **changes: Any) -> Diagnosis:
 
 
 def _checklist(
-    g: _Side, t: _Side, steps: list[DiagnosisStep]
+    g: Side, t: Side, steps: list[DiagnosisStep]
 ) -> tuple[ChecklistDiff | None, ChecklistDiff | None, tuple[WeightChange, ...]]:
     g_config, t_config = g.config, t.config
     config_diff = None
@@ -336,10 +275,12 @@ def _owner(parameter: str) -> str:
 
 
 def _localize(
-    g: _Side, t: _Side, generation: Generation, step: int, folder: Path, steps: list[DiagnosisStep]
+    g: Side, t: Side, generation: Generation, step: int, folder: Path, steps: list[DiagnosisStep]
 ) -> DumpComparison:
     """Statistics of every call first (live models), then tensors up to the suspect layer."""
     what = "prefill" if step == 0 else f"decode step {step}"
+    if generation.cached and step > 0:
+        what += f" (replayed from the prefill; it reads the cache steps 0-{step - 1} wrote)"
     exclude: list[str] = []
     if g.model is not None and t.model is not None:
         stats = compare_dumps(
@@ -376,10 +317,23 @@ def _localize(
                 f"{d.reason}"
                 if d is not None
                 else f"no guilty call (verdict {comparison.verdict})"
-            ),
+            )
+            + _cache_hint(generation, step, d),
         )
     )
     return comparison
+
+
+def _cache_hint(generation: Generation, step: int, d: Any) -> str:
+    """On the cached path, a decode step's input that none of its calls produced is, unless a
+    weight differs, what an earlier step left in the KV cache: say where to look."""
+    if not generation.cached or step == 0 or d is None or d.cause != "source":
+        return ""
+    where = d.layer or d.module or "this module"
+    return (
+        f"; on the cached path such an input is, unless a weight differs, the KV cache that "
+        f"steps 0-{step - 1} wrote: what {where} stores in its cache differs"
+    )
 
 
 def _later_layers(model: torch.nn.Module | None, layer: str) -> list[str]:
@@ -396,7 +350,7 @@ def _later_layers(model: torch.nn.Module | None, layer: str) -> list[str]:
     return later
 
 
-def _default_devices(target: _Side) -> list[str]:
+def _default_devices(target: Side) -> list[str]:
     names = [b.name for b in available_devices()]
     if target.model is not None:
         own = device_of(target.model).type

@@ -35,18 +35,20 @@ def diagnose(
     devices: Iterable[str] | None = None,
     tie_margin: float = TIE_MARGIN,
     noise_factor: float = NOISE_FACTOR,
+    cache: bool | None = None,
 ) -> Diagnosis:
     """From "the answer changed" to the culprit op, with the HTML report at ``.report``.
 
     ``golden`` and ``target``: models (HF causal LMs or modules returning logits), or for
     either a folder written by :func:`save_run` on another machine. Steps: config, weight and
-    environment diffs; greedy generation on both; the first divergent token per row; a capture
-    of both at the step that produces it (statistics first, then tensors up to the suspect
-    layer); ``compare_dumps``; a replay of the culprit op on ``devices`` (default: every
-    available one); an exported regression test; the HTML report, all in ``out``. Stops after
-    the tokens when tokens and logprobs agree within ``noise_factor`` times the golden's own
-    measured error (a float64 rerun) and the checklist found no differing weight. See
-    ``docs/diagnose.md``.
+    environment diffs; greedy generation on both (``cache``: on the models' cached path,
+    ``model.generate`` with the KV cache, the default for HF models; False: one full forward per
+    step); the first divergent token per row; a capture of both at the step that produces it,
+    with the cache that step read (statistics first, then tensors up to the suspect layer);
+    ``compare_dumps``; a replay of the culprit op on ``devices`` (default: every available
+    one); an exported regression test; the HTML report, all in ``out``. Stops after the tokens
+    when tokens and logprobs agree within ``noise_factor`` times the golden's own measured error
+    (a float64 rerun) and the checklist found no differing weight. See ``docs/diagnose.md``.
     """
     return run_diagnosis(
         golden,
@@ -58,6 +60,7 @@ def diagnose(
         devices=devices,
         tie_margin=tie_margin,
         noise_factor=noise_factor,
+        cache=cache,
         render=diagnosis_html,
     )
 
@@ -115,6 +118,7 @@ def assert_same_generation(
     out: str | os.PathLike[str] | None = None,
     tie_margin: float = TIE_MARGIN,
     noise_factor: float = NOISE_FACTOR,
+    cache: bool | None = None,
 ) -> Diagnosis:
     """Assert ``target`` generates what ``golden`` does: the same greedy tokens (a tie at the
     first divergence passes when its logprob gap is within the golden's measured noise, see
@@ -123,7 +127,8 @@ def assert_same_generation(
 
     ``golden`` is a model, a :func:`save_run` folder, or None: the run stored for this test
     under ``--golden-dir`` (a folder written on another machine, or the golden dir itself when
-    it is a saved run); ``--golden-update`` (re)records it from ``target``.
+    it is a saved run); ``--golden-update`` (re)records it from ``target``. ``cache``: the
+    generation path, as in :func:`diagnose`.
     """
     __tracebackhide__ = True
     if golden is None:
@@ -140,6 +145,7 @@ def assert_same_generation(
                 stored,
                 attention_mask=attention_mask,
                 max_new_tokens=max_new_tokens,
+                cache=cache,
             )
         elif not (stored / RUN_FILE).is_file():
             raise PrecisionError(
@@ -162,6 +168,7 @@ def assert_same_generation(
         out=out,
         tie_margin=tie_margin,
         noise_factor=noise_factor,
+        cache=cache,
     )
     if d.finding == "tokens":
         raise GenerationDiffers(diagnosis_message(d), d)

@@ -70,7 +70,7 @@ def test_a_planted_kernel_bug_is_found_in_its_module(
     assert d.replay.verdict == "context"
     assert d.exported_test is not None
     assert d.exported_test.is_file()
-    assert [s.name for s in d.steps][:3] == ["config", "weights", "tokens"]
+    assert [s.name for s in d.steps][:4] == ["config", "weights", "generation", "tokens"]
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])

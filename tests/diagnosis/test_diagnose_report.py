@@ -50,7 +50,7 @@ def test_the_report_embeds_the_diagnosis_and_needs_no_network(diagnosed: object)
     # statistics found layer 0; tensors were captured up to it, not for the later layer
     assert "model.layers.0" in layers
     assert "model.layers.1" not in layers
-    assert [s["name"] for s in data["steps"]][:3] == ["config", "weights", "tokens"]
+    assert [s["name"] for s in data["steps"]][:4] == ["config", "weights", "generation", "tokens"]
     assert data["weights"][0]["key"] == BAD + ".weight"
 
 

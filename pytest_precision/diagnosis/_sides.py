@@ -1,0 +1,119 @@
+"""The two sides of a diagnosis (a live model or a saved run), and the path they generate on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._errors import PrecisionInputError
+from ..output._weights import fingerprint_weights
+from ._generation import (
+    Generation,
+    SavedRun,
+    capture_step,
+    config_of,
+    generate,
+    is_saved_run,
+    path_for,
+)
+from ._noise import model_dtype
+
+
+class Side:
+    """One side of the diagnosis: a live model, or a run saved on another machine."""
+
+    def __init__(self, label: str, value: Any) -> None:
+        self.label = label
+        self.model: torch.nn.Module | None = None
+        self.saved: SavedRun | None = None
+        if isinstance(value, torch.nn.Module):
+            self.model = value.eval()
+        elif is_saved_run(value) or isinstance(value, SavedRun):
+            self.saved = value if isinstance(value, SavedRun) else SavedRun(value)
+        else:
+            raise PrecisionInputError(
+                f"{label} must be a torch.nn.Module or a folder written by save_run(), got "
+                f"{value!r}"
+            )
+
+    def generation(
+        self, prompt: torch.Tensor, mask: torch.Tensor | None, n: int, cache: bool
+    ) -> Generation:
+        if self.model is not None:
+            return generate(self.model, prompt, mask, n, cache=cache)
+        assert self.saved is not None
+        g = self.saved.generation
+        same_mask = (g.attention_mask is None) == (mask is None) and (
+            mask is None or torch.equal(g.attention_mask, mask)  # type: ignore[arg-type]
+        )
+        if not torch.equal(g.prompt, prompt) or not same_mask:
+            raise PrecisionInputError(
+                f"{self.saved.path}: the saved run was generated from other input_ids or "
+                "another attention_mask; diagnose the same prompt"
+            )
+        if g.tokens.shape[1] < n:
+            raise PrecisionInputError(
+                f"{self.saved.path}: the saved run has {g.tokens.shape[1]} tokens per row, "
+                f"max_new_tokens asks for {n}"
+            )
+        return g.head(n)
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        return config_of(self.model) if self.model is not None else self.saved.config  # type: ignore[union-attr]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return model_dtype(self.model, self.config)
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        if self.model is not None:
+            return fingerprint_weights(self.model)
+        return self.saved.fingerprint  # type: ignore[union-attr]
+
+    def dump(
+        self, generation: Generation, step: int, path: Path, mode: str, exclude: Iterable[str]
+    ) -> Path:
+        if self.model is not None:
+            return capture_step(self.model, generation, step, path, mode=mode, exclude=exclude)
+        assert self.saved is not None
+        return self.saved.step_dump(step)
+
+
+def generation_path(g: Side, t: Side, cache: bool | None) -> bool:
+    """The generation path both sides take: a saved run's own, else :func:`path_for`."""
+    saved = {s.saved.path: s.saved.generation.cached for s in (g, t) if s.saved is not None}
+    paths = set(saved.values())
+    if len(paths) > 1:
+        raise PrecisionInputError(
+            "one saved run was generated with the KV cache and the other without; save both "
+            "with the same cache= setting"
+        )
+    if paths:
+        (made,) = paths
+        if cache is not None and cache != made:
+            where = ", ".join(str(p) for p in saved)
+            raise PrecisionInputError(
+                f"{where}: saved with cache={made}, diagnose asked for cache={cache}; the two "
+                "sides must generate on the same path"
+            )
+        if made:  # a live side must be able to follow
+            path_for([s.model for s in (g, t) if s.model is not None], True)
+        return made
+    return path_for([s.model for s in (g, t) if s.model is not None], cache)
+
+
+def path_line(cached: bool, n: int) -> str:
+    if cached:
+        return (
+            f"{n} greedy tokens per row on the cached path (model.generate: a prefill, then "
+            "one decode forward per token reading the KV cache)"
+        )
+    return (
+        f"{n} greedy tokens per row by full forwards (one forward of the prefix per step, no "
+        "KV cache: a bug only in the cached path is not seen)"
+    )

@@ -14,14 +14,20 @@ from typing import Any
 
 import torch
 
+from ..numerics._nested import hf_cache_items
+
 #: Types of values that never hold tensors: no need to look inside them.
 _ATOMS = frozenset({type(None), bool, int, float, complex, str, torch.dtype, torch.device})
 
 
 def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
-    """(key, item) pairs of a container (tuple, list, mapping, dataclass), None otherwise."""
+    """(key, item) pairs of a container (tuple, list, mapping, dataclass, HF KV cache), None
+    otherwise. A cache opens into its tensors: ``kwargs.past_key_values.layers.0.keys``."""
     if isinstance(value, (tuple, list)):
         return ((str(i), item) for i, item in enumerate(value))
+    cache = hf_cache_items(value)
+    if cache is not None:
+        return iter(cache)
     if isinstance(value, Mapping):
         return ((str(k), item) for k, item in value.items())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -44,9 +44,20 @@ def has_tensor(value: Any) -> bool:
     return items is not None and any(has_tensor(item) for _, item in items)
 
 
+def _opens(value: Any) -> bool:
+    """Holds a tensor or a KV cache: a cache opens even while empty (the prefill's), so its
+    slots are the same at every step."""
+    if isinstance(value, torch.Tensor) or hf_cache_items(value) is not None:
+        return True
+    if type(value) in _ATOMS:
+        return False
+    items = _items(value)
+    return items is not None and any(_opens(item) for _, item in items)
+
+
 def add_leaves(leaves: list[tuple[str, Any]], slot: str, value: Any) -> None:
     """Append (slot, leaf) pairs: containers holding tensors are opened, anything else is a leaf."""
-    items = None if isinstance(value, torch.Tensor) or not has_tensor(value) else _items(value)
+    items = None if isinstance(value, torch.Tensor) or not _opens(value) else _items(value)
     if items is None:
         leaves.append((slot, value))
         return

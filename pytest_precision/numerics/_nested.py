@@ -8,7 +8,6 @@ the way a user would index it: ``['logits']``, ``[1][0]``, ``.hidden``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -89,10 +88,19 @@ class StoredCache:
         return f"StoredCache({self.kind}, fields={list(self.fields)})"
 
 
-@functools.cache
+#: type -> whether it is an HF cache class (asked once per type: capture asks on every call)
+_CACHE_TYPES: dict[type, bool] = {}
+_CACHE_TYPES_KEPT = 1024
+
+
 def _is_hf_cache_type(kind: type) -> bool:
     """A cache or cache layer of transformers, or a model's own subclass of one."""
-    return any(c.__module__ == _HF_CACHE_MODULE for c in kind.__mro__)
+    known = _CACHE_TYPES.get(kind)
+    if known is None:
+        if len(_CACHE_TYPES) >= _CACHE_TYPES_KEPT:  # classes made at run time: stay bounded
+            _CACHE_TYPES.clear()
+        known = _CACHE_TYPES[kind] = any(c.__module__ == _HF_CACHE_MODULE for c in kind.__mro__)
+    return known
 
 
 def _is_hf_cache(value: Any) -> bool:

@@ -147,7 +147,8 @@ def _wait_for(namespace: str, output: Any) -> None:
 
 
 class Capture:
-    """A running capture (see :func:`capture`); call :meth:`step` between decode steps."""
+    """A running capture (see :func:`capture`); call :meth:`step` between decode steps, or
+    let ``step_per_forward`` start one at each top-level forward."""
 
     def __init__(
         self,
@@ -158,6 +159,7 @@ class Capture:
         include: tuple[str, ...] | None,
         exclude: tuple[str, ...],
         steps: frozenset[int] | None,
+        step_per_forward: bool = False,
     ) -> None:
         self.model = model
         self.path = path
@@ -166,7 +168,9 @@ class Capture:
         self.include = include
         self.exclude = exclude
         self.steps = steps
+        self.step_per_forward = step_per_forward
         self.step_index = 0
+        self._forwards = 0  # top-level forwards begun (step_per_forward: one step each)
         self._included = _compile(include)
         self._excluded = _compile(exclude) if exclude else None
         self._filtered = include is not None or bool(exclude)
@@ -247,6 +251,10 @@ class Capture:
 
     def _pre_hook(self, path: str) -> Any:
         def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if not self._stack and self.step_per_forward:  # a top-level forward begins
+                if self._forwards:
+                    self.step()
+                self._forwards += 1
             count = self._module_calls.get(path, 0)
             self._module_calls[path] = count + 1
             cls = type(module).__name__
@@ -445,6 +453,7 @@ def capture(
     include: Iterable[str] | str | None = None,
     exclude: Iterable[str] | str | None = None,
     steps: Iterable[int] | None = None,
+    step_per_forward: bool = False,
 ) -> Capture:
     """Capture the tensors of ``model``'s forwards into a native dump at ``path``.
 
@@ -455,13 +464,23 @@ def capture(
             cap.step()
             model(prompt_and_first_token)
 
+        with capture(model, "dump", step_per_forward=True):
+            model.generate(prompt, max_new_tokens=8, do_sample=False)
+
     ``level``: ``"module"`` (inputs, kwargs, parameters and outputs of every submodule),
     ``"op"`` (every torch call made inside the forward) or ``"mix"`` (both, each op attached to
     its enclosing module). ``mode``: ``"tensor"`` (data and statistics) or ``"statistics"``.
     ``include`` / ``exclude``: glob patterns matched against call names
     (``Functional.linear.*``) and module paths (``model.layers.0.*``). ``steps``: the decode
-    steps to record (see :meth:`Capture.step`), all by default. Each rank writes
-    ``path/rank<r>/``; the dump is complete once the ``with`` block exits.
+    steps to record (see :meth:`Capture.step`), all by default. ``step_per_forward``: each
+    top-level forward (one begun while no other is running) after the first starts the next
+    step, so ``model.generate(...)`` inside the block records its prefill as step 0 and each
+    decode step as steps 1..N (with ``steps=`` picking among them); do not call
+    :meth:`Capture.step` as well. Off by default: two forwards may belong to one step (a
+    prefill in chunks, a forward compared against its batch), which only the caller knows. An
+    HF KV cache in an argument or output is recorded as its tensors
+    (``kwargs.past_key_values.layers.0.keys``). Each rank writes ``path/rank<r>/``; the dump
+    is complete once the ``with`` block exits.
     """
     if not isinstance(model, torch.nn.Module):
         raise PrecisionInputError(f"capture() needs a torch.nn.Module, got {type(model).__name__}")
@@ -477,4 +496,5 @@ def capture(
         _patterns(include),
         _patterns(exclude) or (),
         None if steps is None else frozenset(steps),
+        bool(step_per_forward),
     )

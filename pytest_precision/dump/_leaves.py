@@ -14,28 +14,40 @@ from typing import Any
 
 import torch
 
+from ..numerics._nested import hf_cache_items
+
 #: Types of values that never hold tensors: no need to look inside them.
 _ATOMS = frozenset({type(None), bool, int, float, complex, str, torch.dtype, torch.device})
+#: Containers that are never a KV cache: no need to ask.
+_PLAIN_CONTAINERS = frozenset({tuple, list, dict})
 
 
 def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
-    """(key, item) pairs of a container (tuple, list, mapping, dataclass), None otherwise."""
+    """(key, item) pairs of a container (tuple, list, mapping, dataclass, HF KV cache), None
+    otherwise. A cache opens into its tensors: ``kwargs.cache.layers.0.keys``."""
     if isinstance(value, (tuple, list)):
         return ((str(i), item) for i, item in enumerate(value))
     if isinstance(value, Mapping):
         return ((str(k), item) for k, item in value.items())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
-    return None
+    cache = hf_cache_items(value)
+    return None if cache is None else iter(cache)
 
 
 def has_tensor(value: Any) -> bool:
+    """Holds a tensor, or is worth opening as if it did: an HF KV cache counts even while
+    empty (the prefill's), so its slots are the same at every step."""
     if isinstance(value, torch.Tensor):
         return True
     if type(value) in _ATOMS:
         return False
     items = _items(value)
-    return items is not None and any(has_tensor(item) for _, item in items)
+    if items is None:
+        return False
+    if any(has_tensor(item) for _, item in items):
+        return True
+    return type(value) not in _PLAIN_CONTAINERS and hf_cache_items(value) is not None
 
 
 def add_leaves(leaves: list[tuple[str, Any]], slot: str, value: Any) -> None:

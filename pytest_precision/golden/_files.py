@@ -1,10 +1,12 @@
 """Golden files: one safetensors file per test (where: :mod:`._golden_layout`).
 
 Each value is flattened into tensors keyed ``<name><path>`` (the path as :func:`iter_leaf_pairs`
-spells it), stored in their own dtype, so every dtype round-trips bit for bit. The header
-metadata holds the schema version, the environment of the run that wrote the file, each
-value's structure (so nested values load back as the same containers) and, from schema 2 on,
-each value's noise envelope (:mod:`._envelope`): a float64 reference is stored as the tensors
+spells it; an HF KV cache stores its layers' tensors, ``out['cache'].layers[0].keys``, and
+loads back as a :class:`StoredCache` that compares as the cache it was), stored in their own
+dtype, so every dtype round-trips bit for bit. The header metadata holds the schema version,
+the environment of the run that wrote the file, each value's structure (so nested values load
+back as the same containers) and, from schema 2 on, each value's noise envelope
+(:mod:`._envelope`): a float64 reference is stored as the tensors
 ``<key>@reference``. Schema 1 files (no envelopes) read as before. One file per test keeps a
 write one ``os.replace``: a killed writer leaves the old file or the new one, never a torn one.
 """
@@ -25,7 +27,7 @@ import torch
 from .._atomic import atomic_write
 from .._errors import DumpFormatError, PrecisionInputError
 from ..numerics._assertions import to_tensor
-from ..numerics._nested import is_leaf
+from ..numerics._nested import StoredCache, cache_kind, hf_cache_items, is_leaf
 from ._layout import METADATA_KEY as _METADATA_KEY
 from ._layout import SCHEMA_VERSION
 
@@ -73,6 +75,10 @@ def _flatten(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Structur
         t = to_tensor(value, key).detach()
         tensors[key] = t.to("cpu").clone(memory_format=torch.contiguous_format)
         return {"tensor": key}
+    cache = hf_cache_items(value)
+    if cache is not None:  # an HF KV cache: its layers' keys and values, as the walk names them
+        fields = [[f, _flatten(v, f"{key}.{f}", tensors)] for f, v in cache]
+        return {"cache": cache_kind(value), "fields": fields}
     if isinstance(value, Mapping):
         items = []
         for k, v in value.items():
@@ -121,6 +127,9 @@ def _unflatten(node: Any, tensors: Mapping[str, torch.Tensor], path: Path) -> An
             names = [f for f, _ in node["fields"]]
             cls = dataclasses.make_dataclass(body, names)
             return cls(**{f: _unflatten(v, tensors, path) for f, v in node["fields"]})
+        if kind == "cache":
+            fields = {f: _unflatten(v, tensors, path) for f, v in node["fields"]}
+            return StoredCache(str(body), fields)
     except DumpFormatError:
         raise
     except (KeyError, TypeError, ValueError) as exc:

@@ -48,10 +48,9 @@ def children(value: Any) -> Iterator[tuple[str, Any]] | None:
     layers and their ``keys`` and ``values`` (``key_cache`` / ``value_cache`` before
     transformers 4.56), so ``['past_key_values'].layers[0].keys``.
     """
-    if _is_hf_cache(value):
-        return (
-            (f".{name}", getattr(value, name)) for name in _HF_CACHE_FIELDS if hasattr(value, name)
-        )
+    cache = hf_cache_items(value)
+    if cache is not None:
+        return ((f".{name}", item) for name, item in cache)
     if isinstance(value, Mapping):
         return ((f"[{k!r}]", v) for k, v in value.items())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -62,12 +61,66 @@ def children(value: Any) -> Iterator[tuple[str, Any]] | None:
 
 
 #: where transformers defines its caches and their layers, and the fields that hold the tensors
+#: (an encoder-decoder cache holds two caches, a linear-attention layer its states by index)
 _HF_CACHE_MODULE = "transformers.cache_utils"
-_HF_CACHE_FIELDS = ("layers", "keys", "values", "key_cache", "value_cache")
+_HF_CACHE_FIELDS = (
+    "layers",
+    "keys",
+    "values",
+    "key_cache",
+    "value_cache",
+    "self_attention_cache",
+    "cross_attention_cache",
+    "conv_states",
+    "recurrent_states",
+)
+
+
+class StoredCache:
+    """A KV cache rebuilt from stored tensors (a golden): it walks and compares as the cache
+    type it was stored from, without transformers' class (nor its constructor) to rebuild."""
+
+    def __init__(self, kind: str, fields: dict[str, Any]) -> None:
+        self.kind = kind
+        self.fields = fields
+
+    def __repr__(self) -> str:
+        return f"StoredCache({self.kind}, fields={list(self.fields)})"
+
+
+#: type -> whether it is an HF cache class (asked once per type: capture asks on every call)
+_CACHE_TYPES: dict[type, bool] = {}
+_CACHE_TYPES_KEPT = 1024
+
+
+def _is_hf_cache_type(kind: type) -> bool:
+    """A cache or cache layer of transformers, or a model's own subclass of one."""
+    known = _CACHE_TYPES.get(kind)
+    if known is None:
+        if len(_CACHE_TYPES) >= _CACHE_TYPES_KEPT:  # classes made at run time: stay bounded
+            _CACHE_TYPES.clear()
+        known = _CACHE_TYPES[kind] = any(c.__module__ == _HF_CACHE_MODULE for c in kind.__mro__)
+    return known
 
 
 def _is_hf_cache(value: Any) -> bool:
-    return type(value).__module__ == _HF_CACHE_MODULE
+    return isinstance(value, StoredCache) or _is_hf_cache_type(type(value))
+
+
+def hf_cache_items(value: Any) -> list[tuple[str, Any]] | None:
+    """The ``(field, item)`` pairs that hold an HF KV cache's tensors (its ``layers``, a
+    layer's ``keys`` and ``values``), or None when ``value`` is no cache. Capture, goldens and
+    comparisons all open a cache through this, so they name its tensors alike."""
+    if isinstance(value, StoredCache):
+        return list(value.fields.items())
+    if not _is_hf_cache_type(type(value)):
+        return None
+    return [(name, getattr(value, name)) for name in _HF_CACHE_FIELDS if hasattr(value, name)]
+
+
+def cache_kind(value: Any) -> str:
+    """The cache's type name, as stored and compared (``DynamicCache``, ``DynamicLayer``)."""
+    return value.kind if isinstance(value, StoredCache) else type(value).__name__
 
 
 def is_leaf(value: Any) -> bool:
@@ -77,6 +130,8 @@ def is_leaf(value: Any) -> bool:
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"Tensor{tuple(value.shape)}"
+    if _is_hf_cache(value):
+        return cache_kind(value)
     if isinstance(value, Mapping):
         return f"{type(value).__name__} with keys {list(value)}"
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
@@ -86,7 +141,7 @@ def _describe(value: Any) -> str:
 
 def _kind(value: Any) -> str:
     if _is_hf_cache(value):
-        return type(value).__name__
+        return cache_kind(value)
     if isinstance(value, Mapping):
         return "mapping"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -13,7 +13,13 @@ from .._text import shown, shown_text, spreadsheet_cell
 from ..numerics._comparison import TensorComparison
 
 if TYPE_CHECKING:
-    from ..compare._results import Divergence, DumpComparison, ErrorGrowth, RecordComparison
+    from ..compare._results import (
+        Divergence,
+        DumpComparison,
+        ErrorGrowth,
+        LayerError,
+        RecordComparison,
+    )
 
 #: How many unmatched call names the summary spells out.
 _SHOWN_UNMATCHED = 3
@@ -127,12 +133,17 @@ def _divergence_lines(d: Divergence) -> list[str]:
 
 def _growth(growth: ErrorGrowth) -> str:
     """Each layer's output error after the culprit, and where it passes the gross limit."""
-    layers = [f"{shown(x.layer)} {x.error_level:.3g}" for x in growth.layers[:_SHOWN_LAYERS]]
+    steps = len({x.step for x in growth.layers}) > 1
+
+    def label(x: LayerError) -> str:  # decode steps repeat the layers: say which step each is
+        return f"{shown(x.layer)} (step {x.step})" if steps else shown(x.layer)
+
+    layers = [f"{label(x)} {x.error_level:.3g}" for x in growth.layers[:_SHOWN_LAYERS]]
     more = len(growth.layers) - _SHOWN_LAYERS
     path = " -> ".join(layers) + (f" -> ... ({more} more)" if more > 0 else "")
     explodes = growth.explodes
     where = (
-        f"exceeds the gross limit {growth.gross:.3g} at {shown(explodes.layer)}"
+        f"exceeds the gross limit {growth.gross:.3g} at {label(explodes)}"
         if explodes is not None
         else f"stays below the gross limit {growth.gross:.3g}"
     )

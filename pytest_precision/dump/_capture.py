@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError, PrecisionWarning
 from ..numerics._dtypes import dtype_name
-from ._leaves import has_tensor, input_leaves, output_leaves
+from ._leaves import has_tensor, input_leaves, output_leaves, owned_cache_layers
 from ._native import encode_value, json_members, json_text
 from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
 from ._recorded import RecordedTensors
@@ -267,7 +267,7 @@ class Capture:
             if self.level == "op" or not self._recording or not self._keep(name, path):
                 return
             head = self._head(name, "Module", cls, path, parent)
-            self._record_values(head, input_leaves(args, kwargs))
+            self._record_values(head, input_leaves(args, kwargs, owned_cache_layers(module)))
             params = module.named_parameters(recurse=False)
             self._record_values(head, [(f"parameters.{n}", p) for n, p in params])
 

@@ -9,7 +9,8 @@ slots, replay names its recomputed outputs with them so the two pair up.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -50,25 +51,65 @@ def has_tensor(value: Any) -> bool:
     return type(value) not in _PLAIN_CONTAINERS and hf_cache_items(value) is not None
 
 
-def add_leaves(leaves: list[tuple[str, Any]], slot: str, value: Any) -> None:
-    """Append (slot, leaf) pairs: containers holding tensors are opened, anything else is a leaf."""
+def add_leaves(
+    leaves: list[tuple[str, Any]],
+    slot: str,
+    value: Any,
+    cache_layers: Collection[int] | None = None,
+) -> None:
+    """Append (slot, leaf) pairs: containers holding tensors are opened, anything else is a leaf.
+    ``cache_layers``: the layers of an HF KV cache to open (None: all of them)."""
     items = None if isinstance(value, torch.Tensor) or not has_tensor(value) else _items(value)
     if items is None:
         leaves.append((slot, value))
         return
+    in_cache = cache_layers is not None and type(value) not in _PLAIN_CONTAINERS
     for key, item in items:
-        add_leaves(leaves, f"{slot}.{key}", item)
+        if in_cache and key == "layers" and isinstance(item, (list, tuple)):
+            assert cache_layers is not None
+            for index, layer in enumerate(item):
+                if index in cache_layers:
+                    add_leaves(leaves, f"{slot}.layers.{index}", layer)
+            continue
+        add_leaves(leaves, f"{slot}.{key}", item, cache_layers)
 
 
-def input_leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+#: module -> the KV-cache layers its attention modules own (None: no ``layer_idx`` inside)
+_OWNED_LAYERS: weakref.WeakKeyDictionary[torch.nn.Module, frozenset[int] | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def owned_cache_layers(module: torch.nn.Module) -> frozenset[int] | None:
+    """The cache layers a module reads: those of the attention modules inside it (HF's
+    ``layer_idx``). A decoder layer is handed the whole cache but reads only its own layer, so
+    recording the others would make every layer's input differ when one layer's cache does."""
+    try:
+        return _OWNED_LAYERS[module]
+    except KeyError:
+        pass
+    owned = frozenset(
+        index
+        for inner in module.modules()
+        if isinstance(index := getattr(inner, "layer_idx", None), int)
+    )
+    _OWNED_LAYERS[module] = owned or None
+    return owned or None
+
+
+def input_leaves(
+    args: tuple[Any, ...], kwargs: dict[str, Any], cache_layers: Collection[int] | None = None
+) -> list[tuple[str, Any]]:
+    """``cache_layers``: as :func:`add_leaves` (a module's own layers, from
+    :func:`owned_cache_layers`)."""
     leaves: list[tuple[str, Any]] = []
     for index, arg in enumerate(args):
         if isinstance(arg, torch.Tensor):  # the usual case, without a look inside
             leaves.append((f"input.{index}", arg))
         else:
-            add_leaves(leaves, f"input.{index}", arg)
+            add_leaves(leaves, f"input.{index}", arg, cache_layers)
     for key, arg in kwargs.items():
-        add_leaves(leaves, f"kwargs.{key}", arg)
+        add_leaves(leaves, f"kwargs.{key}", arg, cache_layers)
     return leaves
 
 

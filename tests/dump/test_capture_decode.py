@@ -5,6 +5,7 @@ layer's row belongs to."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,26 @@ def test_the_cache_is_recorded_as_its_tensors(arch: str, tmp_path: Path) -> None
     assert not root[(0, "kwargs.cache.layers.0.keys")].is_tensor
     assert not any(isinstance(r.value, str) and "Cache" in r.value for r in root.values())
     assert not any(isinstance(r.value, str) and "Layer" in r.value for r in root.values())
+
+
+def test_a_layer_records_only_its_own_cache_layer(arch: str, tmp_path: Path) -> None:
+    """Every decoder layer is handed the whole cache but reads only its own layer: recording
+    the others would make each layer's input differ when one layer's cache does."""
+    model = hf_zoo.build(arch)
+    _captured_generate(model, tmp_path / "d")
+    records = load_dump(tmp_path / "d").records
+    cache_slots: dict[str, set[str]] = {}
+    for r in records:
+        if r.kind == "Module" and r.step == 1 and ".cache.layers." in r.slot:
+            layer = r.slot.split(".cache.layers.")[1].split(".")[0]
+            cache_slots.setdefault(r.module or "", set()).add(layer)
+    inside_a_layer = {m: re.search(r"\.(\d+)(\.|$)", m) for m in cache_slots}
+    blocks = {m: found.group(1) for m, found in inside_a_layer.items() if found}
+    assert set(blocks.values()) == {str(i) for i in range(hf_zoo.LAYERS)}
+    for module, index in blocks.items():
+        assert cache_slots[module] == {index}, module
+    everything = {str(i) for i in range(hf_zoo.LAYERS)}
+    assert all(cache_slots[m] == everything for m, found in inside_a_layer.items() if not found)
 
 
 def test_a_static_cache_is_recorded_at_its_full_length_as_each_step_wrote_it(

@@ -97,6 +97,11 @@ class RecordComparer:
                 return _row(golden, target, t.slot, "fail", "a tensor on one side only", g, t)
             return self._compare_values(golden, target, g, t)
         if g.shape != t.shape:
+            sizes = (math.prod(g.shape or ()), math.prod(t.shape or ()))
+            if t.slot.startswith("parameters") and g.shape and t.shape and 0 in sizes:
+                # vLLM CPU hands a bf16 linear's weight to oneDNN and leaves an empty parameter
+                reason = "an empty parameter on one side (its weights packed elsewhere)"
+                return _row(golden, target, t.slot, "skip", reason, g, t)
             return _row(golden, target, t.slot, "fail", f"shape {t.shape} vs {g.shape}", g, t)
         g_dtype, t_dtype = dtype_from_name(g.dtype), dtype_from_name(t.dtype)
         dtype = self.precision.judging_dtype(g_dtype, t_dtype)

@@ -113,15 +113,24 @@ _REGIONS: dict[str, Callable[[torch.Tensor, tuple[Any, ...]], object]] = {
 class _Buffer:
     """One storage allocated by an ``empty`` op: which of its bytes were written since."""
 
-    __slots__ = ("allocated", "count", "mask", "nbytes")
+    __slots__ = ("count", "holders", "mask", "nbytes")
 
     def __init__(self, allocated: torch.Tensor) -> None:
-        #: the tensor the ``empty`` op returned: its views keep it alive; once it is gone, the
-        #: memory may be handed out again (by calls capture does not see)
-        self.allocated = weakref.ref(allocated)
+        #: the tensors known to hold the storage: what the ``empty`` op returned and the views
+        #: taken of it (``out = torch.empty(...); out = out.view(...)`` drops the first, as
+        #: vLLM's attention does); once none lives, the memory may be handed out again (by
+        #: calls capture does not see)
+        self.holders = [weakref.ref(allocated)]
         self.nbytes = allocated.untyped_storage().nbytes()
         self.mask: torch.Tensor | None = None  # None: nothing written yet
         self.count = 0  # bytes set in mask, at most (overlapping writes count twice)
+
+    def alive(self) -> bool:
+        return any(holder() is not None for holder in self.holders)
+
+    def hold(self, view: torch.Tensor) -> None:
+        self.holders = [h for h in self.holders if h() is not None]
+        self.holders.append(weakref.ref(view))
 
     def write(self, t: torch.Tensor, region: torch.Tensor | None) -> bool:
         """Note that ``t`` (its elements where ``region`` is True) was written; whether the
@@ -157,7 +166,7 @@ class UninitializedMemory:
     def __init__(self) -> None:
         self._buffers: dict[int, _Buffer] = {}
         #: storages wholly written piece by piece since their allocation
-        self._filled: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._filled: dict[int, _Buffer] = {}
 
     def written(self, values: Iterable[Any]) -> None:
         """Every element of each tensor in ``values`` was written."""
@@ -177,7 +186,7 @@ class UninitializedMemory:
         if done:
             del self._buffers[pointer]
             if buffer.mask is not None:  # filled piece by piece
-                self._filled[pointer] = buffer.allocated
+                self._filled[pointer] = buffer
 
     def after_call(
         self, api: str, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -200,9 +209,13 @@ class UninitializedMemory:
             self._write_self(op, args)
         inputs = {_storage(t) for t in _tensors([*args, *kwargs.values()])}
         for t in _tensors([output]):
-            if (p := _storage(t)) not in inputs and p is not None:
+            if (p := _storage(t)) is None:
+                continue
+            if p not in inputs:
                 self._buffers.pop(p, None)
                 self._filled.pop(p, None)
+            elif (held := self._buffers.get(p) or self._filled.get(p)) is not None:
+                held.hold(t)  # a view keeps the buffer's memory from being handed out again
 
     def _write_self(self, op: str, args: tuple[Any, ...]) -> None:
         target = args[0]
@@ -234,7 +247,7 @@ class UninitializedMemory:
             return None
         if (buffer := self._buffer(pointer)) is None:
             filled = self._filled.get(pointer)
-            if filled is not None and filled() is None:
+            if filled is not None and not filled.alive():
                 del self._filled[pointer]
                 return None
             return None if filled is None else "filled"
@@ -247,7 +260,7 @@ class UninitializedMemory:
     def _buffer(self, pointer: int) -> _Buffer | None:
         """The buffer tracked at ``pointer``, while what its ``empty`` op returned lives."""
         buffer = self._buffers.get(pointer)
-        if buffer is not None and buffer.allocated() is None:
+        if buffer is not None and not buffer.alive():
             del self._buffers[pointer]
             return None
         return buffer

@@ -101,6 +101,26 @@ def test_memory_is_tracked_while_its_allocation_lives() -> None:
     assert memory.state(alias) is None
 
 
+class _ViewedOutput(torch.nn.Module):
+    """vLLM's attention: ``out = torch.empty(...)``, then ``out = out.view(...)`` (the tensor the
+    ``empty`` op returned is gone, its view holds the memory), then a kernel fills the view."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], x.shape[1] * x.shape[2])
+        out = out.view(x.shape)
+        return out.copy_(x * 2)
+
+
+def test_a_view_keeps_its_buffer_tracked_after_the_allocation_is_dropped(
+    tmp_path: Path,
+) -> None:
+    model = _ViewedOutput()
+    with torch.no_grad(), capture(model, tmp_path / "dump", level="mix"):
+        model(torch.randn(3, 2, 4))
+    memory = {(r["name"], r["slot"]): r.get("memory") for r in _records(tmp_path / "dump")}
+    assert memory[("Tensor.copy_.0.forward", "input.0")] == "unwritten"
+
+
 def _capture(path: Path, a: torch.Tensor, b: torch.Tensor) -> Path:
     model = _Concat()
     with torch.no_grad(), capture(model, path, level="mix"):

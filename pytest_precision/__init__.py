@@ -1,8 +1,15 @@
 """pytest-precision: is this numerical difference noise or a bug, and where did it start?
 
-This module is the whole public surface; everything else lives in private modules. Names are
-imported on first use (PEP 562), so ``import pytest_precision`` (which the pytest plugin does
-in every run) does not import torch.
+The common names of every stage, re-exported from the stage namespaces
+(``pytest_precision.numerics``, ``.golden``, ``.compare``, ``.output``, ...), which document and
+export their own. Names are imported on first use (PEP 562), so ``import pytest_precision``
+(which the pytest plugin does in every run) does not import torch.
+
+One verb convention: ``compare_*`` / ``check_*`` (and ``detect_*``, ``pick_*``, ``diff_*``)
+return a result and never raise on a finding; ``assert_*`` raise, with the same result on the
+exception (an ``AssertionError``; output checks raise a subclass of ``OutputCheckFailed``).
+``_MODULES`` below is the one list of public names: ``__all__`` and the lazy lookup derive from
+it, and ``tests/architecture/test_public_api.py`` checks the ``TYPE_CHECKING`` imports repeat it.
 """
 
 from __future__ import annotations
@@ -14,235 +21,205 @@ from ._version import __version__
 
 if typing.TYPE_CHECKING:
     from ._errors import DumpFormatError, PrecisionError, PrecisionInputError, PrecisionWarning
-    from .compare._dumps import compare_dumps
-    from .compare._results import (
+    from .compare import (
         Divergence,
         DumpComparison,
         RecordComparison,
+        ShardedComparison,
         StatsComparison,
         UnmatchedCall,
+        compare_dumps,
     )
-    from .compare._shards import ShardedComparison
-    from .diagnosis._generation import save_run
-    from .diagnosis._results import Diagnosis
+    from .diagnosis import Diagnosis, save_run
     from .dump import Dump, Record, capture, load_dump
-    from .golden._assert import assert_close_to_golden
-    from .golden._golden import Golden
-    from .golden._layers import assert_layers_close_to_golden
-    from .golden._reference import float64_reference
-    from .integrations._vllm import capture_vllm
-    from .numerics._assertions import Comparison, assert_close
-    from .numerics._comparison import TensorComparison, compare_tensors, default_standard
-    from .numerics._envelopes import ModelLevel, Spread
-    from .numerics._precision_checker import PrecisionChecker
-    from .numerics._standards import (
+    from .golden import (
+        Golden,
+        assert_close_to_golden,
+        assert_layers_close_to_golden,
+        float64_reference,
+    )
+    from .integrations import capture_vllm
+    from .numerics import (
         AllClose,
+        Comparison,
         Exact,
+        ModelLevel,
+        PrecisionChecker,
         Ratio,
         RatioTier,
         Reference,
         ReferenceLimit,
+        Spread,
         Standard,
+        TensorComparison,
+        TensorStats,
         Ulp,
         UlpLimit,
+        assert_close,
+        compare_tensors,
+        default_standard,
+        tensor_stats,
     )
-    from .numerics._stats import TensorStats, tensor_stats
-    from .output._badcases import BadCases, assert_no_badcases, pick_badcases
-    from .output._checklist import assert_same_config, assert_same_environment, diff_configs
-    from .output._common import OutputCheckFailed
-    from .output._logits import LogitsComparison, assert_logits_close, compare_logits
-    from .output._scores import ScoreCheck, assert_score_within, check_scores
-    from .output._symptoms import (
+    from .output import (
+        BadCases,
+        BadCasesFound,
+        ChecklistDiffers,
+        LogitsComparison,
+        LogitsDiffer,
+        OutputCheckFailed,
+        ScoreCheck,
+        ScoreOutOfTolerance,
         Symptom,
+        SymptomsFound,
+        TokenComparison,
+        TokenDivergence,
+        TokensDiverged,
+        WeightsNotLoaded,
+        WeightsReport,
+        assert_logits_close,
+        assert_no_badcases,
         assert_no_jitter,
         assert_no_symptoms,
+        assert_same_config,
+        assert_same_environment,
+        assert_score_within,
+        assert_tokens_close,
+        assert_weights_loaded,
+        check_scores,
+        check_weights_loaded,
+        compare_logits,
+        compare_tokens,
         detect_garbled,
         detect_jitter,
         detect_repetition,
         detect_symptoms,
-    )
-    from .output._tokens import (
-        TokenComparison,
-        TokenDivergence,
-        assert_tokens_close,
-        compare_tokens,
-        first_divergent_token,
-    )
-    from .output._weights import (
-        WeightsReport,
-        assert_weights_loaded,
-        check_weights_loaded,
+        diff_configs,
         fingerprint_weights,
+        first_divergent_token,
+        pick_badcases,
     )
     from .plugin._generation import GenerationDiffers, assert_same_generation, diagnose
-    from .replay._verdict import ReplayResult, replay_op
-    from .runtime._determinism import DeterminismWarning, SeedHandle, assert_deterministic, seed_all
-    from .runtime._environment import ChecklistDiff, diff_environment, precision_environment
+    from .replay import ReplayResult, replay_op
+    from .runtime import (
+        ChecklistDiff,
+        DeterminismWarning,
+        SeedHandle,
+        assert_deterministic,
+        diff_environment,
+        precision_environment,
+        seed_all,
+    )
 
-__all__ = [
-    "AllClose",
-    "BadCases",
-    "ChecklistDiff",
-    "Comparison",
-    "DeterminismWarning",
-    "Diagnosis",
-    "Divergence",
-    "Dump",
-    "DumpComparison",
-    "DumpFormatError",
-    "Exact",
-    "GenerationDiffers",
-    "Golden",
-    "LogitsComparison",
-    "ModelLevel",
-    "OutputCheckFailed",
-    "PrecisionChecker",
-    "PrecisionError",
-    "PrecisionInputError",
-    "PrecisionWarning",
-    "Ratio",
-    "RatioTier",
-    "Record",
-    "RecordComparison",
-    "Reference",
-    "ReferenceLimit",
-    "ReplayResult",
-    "ScoreCheck",
-    "SeedHandle",
-    "ShardedComparison",
-    "Spread",
-    "Standard",
-    "StatsComparison",
-    "Symptom",
-    "TensorComparison",
-    "TensorStats",
-    "TokenComparison",
-    "TokenDivergence",
-    "Ulp",
-    "UlpLimit",
-    "UnmatchedCall",
-    "WeightsReport",
-    "__version__",
-    "assert_close",
-    "assert_close_to_golden",
-    "assert_deterministic",
-    "assert_layers_close_to_golden",
-    "assert_logits_close",
-    "assert_no_badcases",
-    "assert_no_jitter",
-    "assert_no_symptoms",
-    "assert_same_config",
-    "assert_same_environment",
-    "assert_same_generation",
-    "assert_score_within",
-    "assert_tokens_close",
-    "assert_weights_loaded",
-    "capture",
-    "capture_vllm",
-    "check_scores",
-    "check_weights_loaded",
-    "compare_dumps",
-    "compare_logits",
-    "compare_tensors",
-    "compare_tokens",
-    "default_standard",
-    "detect_garbled",
-    "detect_jitter",
-    "detect_repetition",
-    "detect_symptoms",
-    "diagnose",
-    "diff_configs",
-    "diff_environment",
-    "fingerprint_weights",
-    "first_divergent_token",
-    "float64_reference",
-    "load_dump",
-    "pick_badcases",
-    "precision_environment",
-    "replay_op",
-    "save_run",
-    "seed_all",
-    "tensor_stats",
-]
-
-#: Where each lazily imported public name lives (the TYPE_CHECKING imports above, as data).
 _MODULES = {
-    "._errors": ("DumpFormatError", "PrecisionError", "PrecisionInputError", "PrecisionWarning"),
-    ".compare._dumps": ("compare_dumps",),
-    ".compare._results": (
+    "._errors": (
+        "DumpFormatError",
+        "PrecisionError",
+        "PrecisionInputError",
+        "PrecisionWarning",
+    ),
+    ".compare": (
         "Divergence",
         "DumpComparison",
         "RecordComparison",
+        "ShardedComparison",
         "StatsComparison",
         "UnmatchedCall",
+        "compare_dumps",
     ),
-    ".compare._shards": ("ShardedComparison",),
-    ".diagnosis._generation": ("save_run",),
-    ".diagnosis._results": ("Diagnosis",),
-    ".dump": ("Dump", "Record", "capture", "load_dump"),
-    ".golden._assert": ("assert_close_to_golden",),
-    ".golden._golden": ("Golden",),
-    ".golden._layers": ("assert_layers_close_to_golden",),
-    ".golden._reference": ("float64_reference",),
-    ".integrations._vllm": ("capture_vllm",),
-    ".numerics._assertions": ("Comparison", "assert_close"),
-    ".numerics._comparison": ("TensorComparison", "compare_tensors", "default_standard"),
-    ".numerics._envelopes": ("ModelLevel", "Spread"),
-    ".numerics._precision_checker": ("PrecisionChecker",),
-    ".numerics._standards": (
+    ".diagnosis": (
+        "Diagnosis",
+        "save_run",
+    ),
+    ".dump": (
+        "Dump",
+        "Record",
+        "capture",
+        "load_dump",
+    ),
+    ".golden": (
+        "Golden",
+        "assert_close_to_golden",
+        "assert_layers_close_to_golden",
+        "float64_reference",
+    ),
+    ".integrations": ("capture_vllm",),
+    ".numerics": (
         "AllClose",
+        "Comparison",
         "Exact",
+        "ModelLevel",
+        "PrecisionChecker",
         "Ratio",
         "RatioTier",
         "Reference",
         "ReferenceLimit",
+        "Spread",
         "Standard",
+        "TensorComparison",
+        "TensorStats",
         "Ulp",
         "UlpLimit",
+        "assert_close",
+        "compare_tensors",
+        "default_standard",
+        "tensor_stats",
     ),
-    ".numerics._stats": ("TensorStats", "tensor_stats"),
-    ".output._badcases": ("BadCases", "assert_no_badcases", "pick_badcases"),
-    ".output._checklist": ("assert_same_config", "assert_same_environment", "diff_configs"),
-    ".output._common": ("OutputCheckFailed",),
-    ".output._logits": ("LogitsComparison", "assert_logits_close", "compare_logits"),
-    ".output._scores": ("ScoreCheck", "assert_score_within", "check_scores"),
-    ".output._symptoms": (
+    ".output": (
+        "BadCases",
+        "BadCasesFound",
+        "ChecklistDiffers",
+        "LogitsComparison",
+        "LogitsDiffer",
+        "OutputCheckFailed",
+        "ScoreCheck",
+        "ScoreOutOfTolerance",
         "Symptom",
+        "SymptomsFound",
+        "TokenComparison",
+        "TokenDivergence",
+        "TokensDiverged",
+        "WeightsNotLoaded",
+        "WeightsReport",
+        "assert_logits_close",
+        "assert_no_badcases",
         "assert_no_jitter",
         "assert_no_symptoms",
+        "assert_same_config",
+        "assert_same_environment",
+        "assert_score_within",
+        "assert_tokens_close",
+        "assert_weights_loaded",
+        "check_scores",
+        "check_weights_loaded",
+        "compare_logits",
+        "compare_tokens",
         "detect_garbled",
         "detect_jitter",
         "detect_repetition",
         "detect_symptoms",
-    ),
-    ".output._tokens": (
-        "TokenComparison",
-        "TokenDivergence",
-        "assert_tokens_close",
-        "compare_tokens",
+        "diff_configs",
         "first_divergent_token",
-    ),
-    ".output._weights": (
-        "WeightsReport",
-        "assert_weights_loaded",
-        "check_weights_loaded",
         "fingerprint_weights",
+        "pick_badcases",
     ),
-    ".plugin._generation": ("GenerationDiffers", "assert_same_generation", "diagnose"),
-    ".replay._verdict": ("ReplayResult", "replay_op"),
-    ".runtime._determinism": (
+    ".plugin._generation": (
+        "GenerationDiffers",
+        "assert_same_generation",
+        "diagnose",
+    ),
+    ".replay": (
+        "ReplayResult",
+        "replay_op",
+    ),
+    ".runtime": (
+        "ChecklistDiff",
         "DeterminismWarning",
         "SeedHandle",
         "assert_deterministic",
+        "diff_environment",
+        "precision_environment",
         "seed_all",
     ),
-    ".runtime._environment": ("ChecklistDiff", "diff_environment", "precision_environment"),
 }
-_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
 
-
-__getattr__ = _lazy.lazy_getattr(globals(), _MODULE_OF)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__all__, __getattr__, __dir__ = _lazy.exports(globals(), _MODULES, "__version__")

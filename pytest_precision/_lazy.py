@@ -1,5 +1,11 @@
 """Names of a package imported on first use (PEP 562), so that importing the package imports
-none of its heavy dependencies (torch, numpy, safetensors)."""
+none of its heavy dependencies (torch, numpy, safetensors).
+
+A package lists its public names once, as a table ``{module: names}`` (``_MODULES``); its
+``__all__``, ``__getattr__`` and ``__dir__`` all derive from that table (:func:`exports`). The
+``TYPE_CHECKING`` imports that type checkers read repeat the table as imports, and
+``tests/architecture/test_public_api.py`` checks the two agree in every package.
+"""
 
 from __future__ import annotations
 
@@ -23,3 +29,18 @@ def lazy_getattr(namespace: dict[str, Any], module_of: Mapping[str, str]) -> Cal
         return value
 
     return __getattr__
+
+
+def exports(
+    namespace: dict[str, Any], modules: Mapping[str, tuple[str, ...]], *eager: str
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """``__all__``, ``__getattr__`` and ``__dir__`` of the package whose globals are
+    ``namespace`` and whose public names are ``modules`` (``{module: names}``, modules relative
+    to the package), plus the ``eager`` names it defines itself."""
+    module_of = {name: module for module, names in modules.items() for name in names}
+    public = sorted({*module_of, *eager})
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *public})
+
+    return public, lazy_getattr(namespace, module_of), __dir__

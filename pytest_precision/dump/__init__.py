@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import typing
 
-from .._lazy import lazy_getattr
+from .._lazy import exports
 
 if typing.TYPE_CHECKING:
     from ._capture import Capture, capture
     from ._load import load_dump
     from ._records import Dump, Record
 
-__all__ = ["Capture", "Dump", "Record", "capture", "load_dump"]
-
-_MODULE_OF = {
-    "Capture": "._capture",
-    "capture": "._capture",
-    "load_dump": "._load",
-    "Dump": "._records",
-    "Record": "._records",
+#: Each public name and the module it lives in: the one list of this package's surface.
+_MODULES = {
+    "._capture": ("Capture", "capture"),
+    "._load": ("load_dump",),
+    "._records": ("Dump", "Record"),
 }
 
-
-__getattr__ = lazy_getattr(globals(), _MODULE_OF)
+__all__, __getattr__, __dir__ = exports(globals(), _MODULES)

@@ -1,1 +1,4 @@
-"""Reports: a comparison's terminal summary and its JSON / CSV tables."""
+"""Report: renderers that turn results (data) into text, JSON, CSV and HTML.
+
+Results never import their renderers; the plugin, the CLI and a user pass a result here.
+"""

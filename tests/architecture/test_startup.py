@@ -9,7 +9,6 @@ import ast
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -49,6 +48,12 @@ def test_importing_the_package_or_the_plugin_imports_no_torch() -> None:
     assert _python("import pytest_precision; pytest_precision.__version__") == []
     assert _python("import pytest_precision.plugin") == []
     assert _python("from pytest_precision import PrecisionError") == []
+
+
+def test_importing_a_stage_namespace_imports_no_torch() -> None:
+    stages = ["numerics", "runtime", "golden", "compare", "replay", "output", "diagnosis"]
+    stages += ["integrations", "rerun", "report", "dump"]
+    assert _python("".join(f"import pytest_precision.{stage}\n" for stage in stages)) == []
 
 
 def test_a_public_name_imports_what_it_needs() -> None:
@@ -132,23 +137,6 @@ def test_which_options_need_torch_at_header_time(
 ) -> None:
     config = pytester.parseconfigure(*args)
     assert plugin._configured(config) is configured
-
-
-def test_lazy_names_are_the_type_checking_imports() -> None:
-    """The name table behind ``__getattr__`` and the imports type checkers see agree."""
-    tree = ast.parse(Path(pytest_precision.__file__).read_text())
-    (block,) = [
-        node
-        for node in tree.body
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "typing.TYPE_CHECKING"
-    ]
-    imports = {
-        "." * node.level + (node.module or ""): tuple(alias.name for alias in node.names)
-        for node in block.body
-        if isinstance(node, ast.ImportFrom)
-    }
-    assert imports == pytest_precision._MODULES
-    assert {*pytest_precision._MODULE_OF, "__version__"} == set(pytest_precision.__all__)
 
 
 def test_dir_lists_every_public_name_and_unknown_names_raise() -> None:

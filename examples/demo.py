@@ -24,6 +24,7 @@ import torch
 
 from examples.tiny_llama import build_tiny_llama, example_input_ids
 from pytest_precision import assert_close, capture, compare_dumps, compare_tensors
+from pytest_precision.report import render
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, fused: bool) -> torch.Tensor:
@@ -92,7 +93,7 @@ def localize() -> None:
                 model(ids)
         for name in ("bf16", "corrupted weight"):
             print(f"== where did it start? golden float32 vs {name} (compare_dumps)")
-            report = compare_dumps(dumps["golden"], dumps[name]).report(worst=0)
+            report = render(compare_dumps(dumps["golden"], dumps[name]), worst=0)
             print("\n".join("   " + line for line in report.splitlines()[2:]))
             print()
 

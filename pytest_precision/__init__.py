@@ -30,7 +30,7 @@ if typing.TYPE_CHECKING:
         UnmatchedCall,
         compare_dumps,
     )
-    from .diagnosis import Diagnosis, save_run
+    from .diagnosis import Diagnosis, diagnose, save_run
     from .dump import Dump, Record, capture, load_dump
     from .golden import (
         Golden,
@@ -98,8 +98,9 @@ if typing.TYPE_CHECKING:
         first_divergent_token,
         pick_badcases,
     )
-    from .plugin._generation import GenerationDiffers, assert_same_generation, diagnose
+    from .plugin._generation import GenerationDiffers, assert_same_generation
     from .replay import ReplayResult, replay_op
+    from .report import render
     from .runtime import (
         ChecklistDiff,
         DeterminismWarning,
@@ -126,10 +127,7 @@ _MODULES = {
         "UnmatchedCall",
         "compare_dumps",
     ),
-    ".diagnosis": (
-        "Diagnosis",
-        "save_run",
-    ),
+    ".diagnosis": ("Diagnosis", "diagnose", "save_run"),
     ".dump": (
         "Dump",
         "Record",
@@ -205,8 +203,8 @@ _MODULES = {
     ".plugin._generation": (
         "GenerationDiffers",
         "assert_same_generation",
-        "diagnose",
     ),
+    ".report": ("render",),
     ".replay": (
         "ReplayResult",
         "replay_op",

@@ -15,6 +15,10 @@ from ._gc import paused_gc
 from ._text import shown_text
 from ._version import __version__
 
+#: ``compare --standard``: every standard but ``reference``, which needs a float64 reference
+#: of every tensor (a literal: building the parser imports no torch).
+COMPARE_STANDARDS = ("allclose", "ratio", "ulp", "exact", "precision_checker")
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Exit status of every command: 0 success, 2 an error (bad input, unreadable dump);
@@ -50,8 +54,9 @@ def _add_compare(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     compare.add_argument("target", metavar="TARGET", help="the dump under test")
     compare.add_argument(
         "--standard",
-        choices=["allclose", "ratio", "ulp", "exact"],
-        help="judge every tensor by this standard (default: per dtype)",
+        choices=COMPARE_STANDARDS,
+        help="judge every tensor by this standard (default: per dtype; reference needs a "
+        "float64 reference of every tensor, which a dump does not hold)",
     )
     compare.add_argument("--json", metavar="FILE", help="write the whole comparison as JSON")
     compare.add_argument("--csv", metavar="FILE", help="write one row per record as CSV")
@@ -72,6 +77,7 @@ def _compare(args: argparse.Namespace) -> int:
     with paused_gc():
         from .compare._dumps import compare_dumps
         from .dump._load import load_dump
+        from .report import render, render_html, write_csv, write_json
 
         golden, target = load_dump(args.golden), load_dump(args.target)
     gc.freeze()
@@ -80,15 +86,15 @@ def _compare(args: argparse.Namespace) -> int:
         result = compare_dumps(golden, target, standard=args.standard, progress=progress)
         if progress is not None:
             print(file=sys.stderr)
-        _say(result.report(worst=args.worst))
+        _say(render(result, worst=args.worst))
         if args.json:
-            result.write_json(args.json)
+            write_json(result, args.json)
         if args.csv:
-            result.write_csv(args.csv)
+            write_csv(result, args.csv)
         if args.html:
-            from .report._html import dump_comparison_html, write_html
+            from .report._html import write_html
 
-            write_html(args.html, dump_comparison_html(result))
+            write_html(args.html, render_html(result))
         return 0 if result.passed else 1
     finally:
         gc.unfreeze()
@@ -164,6 +170,7 @@ def _add_call_arguments(parser: argparse.ArgumentParser) -> None:
 def _replay(args: argparse.Namespace) -> int:
     from .dump import load_dump
     from .replay._verdict import replay_op
+    from .report import render
     from .runtime._devices import available_devices
 
     dump = load_dump(args.dump)
@@ -173,7 +180,7 @@ def _replay(args: argparse.Namespace) -> int:
         replay_op(dump, args.op, device, golden=golden, step=args.step, rank=args.rank)
         for device in devices
     ]
-    _say("\n\n".join(result.report() for result in results))
+    _say("\n\n".join(render(result) for result in results))
     return 0 if all(result.passed for result in results) else 1
 
 
@@ -336,7 +343,8 @@ def _entry(spec: str) -> dict[str, object]:
 
 def _diagnose(args: argparse.Namespace) -> int:
     from .diagnosis._generation import SavedRun
-    from .plugin._generation import diagnose, diagnosis_message
+    from .diagnosis._workflow import diagnose
+    from .report._diagnosis import diagnosis_text
     from .report._html import diagnosis_html, write_html
 
     if (args.entry and args.runs) or (not args.entry and len(args.runs) != 2):
@@ -361,9 +369,10 @@ def _diagnose(args: argparse.Namespace) -> int:
         out=args.out,
         devices=args.devices,
         cache=args.cache,
+        render=diagnosis_html,
         **factor,
     )
-    _say(diagnosis_message(result))
+    _say(diagnosis_text(result))
     if args.html:
         write_html(args.html, diagnosis_html(result))
     return 0 if result.passed else 1

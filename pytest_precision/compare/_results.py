@@ -1,17 +1,14 @@
 """What a dump comparison found, as data: record comparisons, the divergence, unmatched calls.
 
-Renderers in :mod:`pytest_precision.report` take these; ``DumpComparison.report()`` and its
-``write_*`` methods are conveniences that import the renderer when called (the one documented
-exception to "results do not import their renderers", ``docs/architecture.md``).
+Renderers in :mod:`pytest_precision.report` take these (``render(result)``, ``write_json``,
+``write_csv``); a result never imports its renderer.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from ..dump._records import Dump
@@ -259,22 +256,6 @@ class DumpComparison:
         for record in self.records:
             out[record.status] += 1
         return out
-
-    def report(self, *, worst: int = 5) -> str:
-        """The terminal summary: what was compared, the first divergence, the worst records."""
-        from ..report._dumps import dump_comparison_text
-
-        return dump_comparison_text(self, worst=worst)
-
-    def write_json(self, path: str | os.PathLike[str]) -> None:
-        from ..report._dumps import write_dump_comparison_json
-
-        write_dump_comparison_json(self, Path(path))
-
-    def write_csv(self, path: str | os.PathLike[str]) -> None:
-        from ..report._dumps import write_dump_comparison_csv
-
-        write_dump_comparison_csv(self, Path(path))
 
 
 def is_input(slot: str) -> bool:

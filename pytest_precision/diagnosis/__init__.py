@@ -1,7 +1,9 @@
 """Diagnosis: from "the answer changed" to the culprit op in one call (docs/diagnose.md).
 
-``save_run`` keeps one side's generation for a diagnosis on another machine; the workflow
-returns a ``Diagnosis`` (data; its HTML page is rendered by ``report``). Names load on first use.
+``diagnose`` returns a ``Diagnosis`` (data); its HTML page is written when a renderer is passed
+(``render=pytest_precision.report.render_html``; the CLI and ``assert_same_generation`` do).
+``save_run`` keeps one side's generation for a diagnosis on another machine. Names load on
+first use (torch).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from .._lazy import exports
 if typing.TYPE_CHECKING:
     from ._generation import save_run
     from ._results import Diagnosis
+    from ._workflow import diagnose
 
 #: Each public name and the module it lives in: the one list of this package's surface.
 _MODULES = {
     "._generation": ("save_run",),
     "._results": ("Diagnosis",),
+    "._workflow": ("diagnose",),
 }
 
 __all__, __getattr__, __dir__ = exports(globals(), _MODULES)

@@ -36,8 +36,8 @@ from ._results import Diagnosis, DiagnosisStep, WeightChange
 from ._sides import Side, generation_path, path_line
 from ._stop import NOISE_FACTOR, decide
 
-#: A diagnosis (and the out folder) -> the HTML page's text; the CLI and plugin wire in
-#: ``report._html.diagnosis_html`` (diagnose may not import report/).
+#: A diagnosis -> the HTML page's text (``pytest_precision.report.render_html``); the caller
+#: passes it, as diagnosis sits below report/.
 Renderer = Callable[[Diagnosis], str]
 
 #: Causes where the guilty call computed something wrong itself: worth replaying alone.
@@ -69,7 +69,8 @@ def diagnose(
     included), or for either side a folder written by :func:`save_run` (on another machine).
     ``out`` (default: a new temporary folder) receives the dumps, the exported test and the
     report. ``devices`` to replay on: default every available one. ``render`` turns the
-    diagnosis into the HTML page (``pytest_precision.diagnose`` wires in the standard one).
+    diagnosis into the HTML page, written as ``report.html`` in ``out``
+    (``render=pytest_precision.report.render_html``); without it no page is written.
     The logits may differ by ``noise_factor`` times the golden side's own measured error
     (``diagnosis/_noise.py``); a token flip is a tie only within that allowance and within
     ``tie_margin`` nats in the top-5. ``cache``: generate on the models' cached path

@@ -11,7 +11,8 @@ import torch
 
 from .._errors import PrecisionInputError
 from ..numerics._comparison import resolve_standard
-from ..numerics._standards import STANDARDS, Standard
+from ..numerics._standard_names import STANDARDS
+from ..numerics._standards import Standard
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,11 @@ from typing import Any
 import torch
 
 from .._errors import PrecisionInputError
-from . import _precision_checker  # noqa: F401  (registers the "precision_checker" standard)
 from ._dtypes import dtype_name, lower_precision
 from ._measure import ErrorMetrics, NonFinite, measure
+from ._standard_names import STANDARDS
 from ._standards import (
     RATIO_TIERS,
-    STANDARDS,
     AllClose,
     Exact,
     Ratio,

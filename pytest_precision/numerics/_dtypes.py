@@ -14,6 +14,19 @@ FLOAT_FORMATS: dict[torch.dtype, tuple[int, int]] = {
     torch.float16: (11, -14),
     torch.bfloat16: (8, -126),
 }
+#: The float8 formats this torch build has (older builds lack some).
+FLOAT_FORMATS.update(
+    {
+        getattr(torch, name): fmt
+        for name, fmt in {
+            "float8_e4m3fn": (4, -6),
+            "float8_e4m3fnuz": (4, -7),
+            "float8_e5m2": (3, -14),
+            "float8_e5m2fnuz": (3, -15),
+        }.items()
+        if hasattr(torch, name)
+    }
+)
 
 
 def precision_bits(dtype: torch.dtype) -> int:

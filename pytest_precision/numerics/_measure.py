@@ -15,7 +15,7 @@ import torch
 from . import _kernel_layout as layout
 from . import _kernels
 from ._chunks import CHUNK_NUMEL, chunk_of, flatten_detached, unravel_index
-from ._dtypes import FLOAT_FORMATS, lower_precision
+from ._dtypes import lower_precision
 from ._elementwise import (
     ChunkErrors,
     ChunkPass,
@@ -26,16 +26,6 @@ from ._elementwise import (
     _ulp_bits,
 )
 from ._stats import tensor_stats
-
-for _name, _fmt in {
-    "float8_e4m3fn": (4, -6),
-    "float8_e4m3fnuz": (4, -7),
-    "float8_e5m2": (3, -14),
-    "float8_e5m2fnuz": (3, -15),
-}.items():
-    if hasattr(torch, _name):
-        FLOAT_FORMATS[getattr(torch, _name)] = _fmt
-
 
 #: Relative-error thresholds behind ``thousandth_ratio`` and ``five_thousandth_ratio``.
 THOUSANDTH = layout.THOUSANDTH

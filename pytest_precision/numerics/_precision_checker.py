@@ -35,7 +35,6 @@ from ._chunks import CHUNK_NUMEL, chunk_of, flatten_detached
 from ._measure import ElementRule, ErrorMetrics
 from ._standards import (
     ALLCLOSE_TOLERANCES,
-    STANDARDS,
     Judgement,
     ReferencePair,
     Standard,
@@ -183,6 +182,3 @@ class PrecisionChecker(Standard):
         if failed:
             return Judgement("fail", f"precision_checker fails {', '.join(failed)}: {shown}")
         return Judgement("pass", f"precision_checker: {shown}")
-
-
-STANDARDS[PrecisionChecker.name] = PrecisionChecker

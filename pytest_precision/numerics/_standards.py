@@ -391,10 +391,3 @@ class Exact(Standard):
 
 def _pct(share: float) -> str:
     return f"{100 * share:.4g} %"
-
-
-#: Standards by name; ``precision_checker`` (its own module, numerics/_precision_checker.py)
-#: adds itself, and numerics/_comparison.py, which resolves names, imports it.
-STANDARDS: dict[str, type[Standard]] = {
-    cls.name: cls for cls in (AllClose, Ratio, Ulp, Reference, Exact)
-}

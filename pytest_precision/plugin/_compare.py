@@ -159,10 +159,12 @@ class ComparePlugin:
         result = comparison.result()
         self.config.stash[_RESULT_KEY] = result
         self.config.stash[_JUDGE_MEASURED_KEY] = comparison.measurements.computed - before
+        from ..report import write_csv, write_json
+
         if self.json_path is not None:
-            result.write_json(self.json_path)
+            write_json(result, self.json_path)
         if self.csv_path is not None:
-            result.write_csv(self.csv_path)
+            write_csv(result, self.csv_path)
         if not result.passed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -179,8 +181,10 @@ class ComparePlugin:
                 "divergence is judged only across all shards"
             )
             return
+        from ..report import render
+
         result = self.config.stash[_RESULT_KEY]
-        for line in result.report().splitlines():
+        for line in render(result).splitlines():
             terminalreporter.write_line(shown_text(line))
         comparison = _comparison(self.config)
         found = result.first_divergence

@@ -129,11 +129,13 @@ class ReplayCase:
         """Fail with the report on ``op-bug``; on ``context`` pass with a PrecisionWarning
         carrying it (the op is fine, what ran around it was not)."""
         __tracebackhide__ = True
+        from ..report import render
+
         result = self.run()
         if result.verdict == "op-bug":
-            raise AssertionError(result.report())
+            raise AssertionError(render(result))
         if result.verdict == "context":
-            warnings.warn(PrecisionWarning(result.report()), stacklevel=2)
+            warnings.warn(PrecisionWarning(render(result)), stacklevel=2)
         return result
 
 

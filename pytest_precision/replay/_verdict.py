@@ -63,11 +63,6 @@ class ReplayResult:
         """False only for ``op-bug``: the op itself computes wrong on this device."""
         return self.verdict != "op-bug"
 
-    def report(self) -> str:
-        from ..report._replay import replay_text
-
-        return replay_text(self)
-
 
 def replay_op(
     dump: Dump | str | os.PathLike[str],

@@ -209,11 +209,8 @@ def goldens_html(records: list[dict[str, Any]]) -> str:
 
 
 def write_html(path: str | os.PathLike[str], page: str) -> Path:
+    """Write ``page`` to ``path``, making missing folders as ``--json`` and ``--csv`` do."""
     target = Path(path)
-    if not target.parent.is_dir():
-        from .._errors import PrecisionInputError
-
-        raise PrecisionInputError(f"{target}: the folder {target.parent} does not exist")
     atomic_write(target, page.encode())
     return target
 

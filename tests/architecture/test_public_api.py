@@ -24,7 +24,7 @@ PACKAGES = [
     ),
 ]
 #: Packages that document what they are for and have no public names of their own.
-WITHOUT_NAMES = {"pytest_precision.rerun", "pytest_precision.report", "pytest_precision.plugin"}
+WITHOUT_NAMES = {"pytest_precision.rerun", "pytest_precision.plugin"}
 
 
 def _type_checking_imports(package: types.ModuleType) -> dict[str, set[str]]:

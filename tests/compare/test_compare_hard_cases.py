@@ -17,6 +17,7 @@ from compare_helpers import CONFIG, IDS, MODES, dump_llama, judged_in_shards
 import examples.tiny_llama as tiny
 from examples.tiny_llama import build_tiny_llama, example_input_ids, greedy_generate
 from pytest_precision import capture, compare_dumps, load_dump
+from pytest_precision.report import render
 
 # -- what the adversarial review found -------------------------------------------------------------
 
@@ -70,7 +71,7 @@ def test_an_equivalent_rewrite_is_noise(
     monkeypatch.setattr(*REWRITES[rewrite][:1], "forward", REWRITES[rewrite][1])
     target = dump_llama(tmp_path / "t", build_tiny_llama(CONFIG, dtype=dtype), mode, level)
     result, culprits = judged_in_shards(golden, target)
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
     assert culprits == [], culprits[0].reason  # no shard of --precision-compare fails
 
 
@@ -136,7 +137,7 @@ def test_devices_of_two_machines_only_warn(dumps: Callable[..., Path], tmp_path:
     assert moved != list(golden.records)  # arange(..., device=...) and friends
     target = dataclasses.replace(golden, records=moved)
     result = compare_dumps(golden, target)
-    assert result.passed, result.report()
+    assert result.passed, render(result)
     assert {r.status for r in result.records if "device" in r.reason} == {"warn"}
 
 
@@ -153,11 +154,11 @@ def test_a_comparison_missing_steps_or_calls_does_not_pass(
     assert result.first_divergence is None
     assert not result.complete
     assert not result.passed
-    assert "incomplete: step 1 rank 0 is only in the target" in result.report()
+    assert "incomplete: step 1 rank 0 is only in the target" in render(result)
     empty = dataclasses.replace(load_dump(path), records=[])
     nothing = compare_dumps(load_dump(path), empty)
     assert (nothing.matched_calls, nothing.passed) == (0, False)
-    assert "incomplete: no call of one dump matches" in nothing.report()
+    assert "incomplete: no call of one dump matches" in render(nothing)
 
 
 def test_a_token_flipped_by_noise_ends_the_judging_without_blame(tmp_path: Path) -> None:
@@ -172,7 +173,7 @@ def test_a_token_flipped_by_noise_ends_the_judging_without_blame(tmp_path: Path)
     first_flip = int((tokens["g"] != tokens["t"]).nonzero()[0, 1]) - ids.shape[1]
     assert first_flip == 3
     result, culprits = judged_in_shards(tmp_path / "g", tmp_path / "t")
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
     # shards of later steps see other token ids; none blames them on their own records
     assert culprits == [], culprits[0].reason
     assert result.inputs_diverged is not None
@@ -180,7 +181,7 @@ def test_a_token_flipped_by_noise_ends_the_judging_without_blame(tmp_path: Path)
         4,
         "Functional.embedding.0.forward",
     )
-    assert "from step 4 on the model's inputs differ" in result.report()
+    assert "from step 4 on the model's inputs differ" in render(result)
 
 
 def test_alignment_pairs_long_sequences_around_one_insertion() -> None:

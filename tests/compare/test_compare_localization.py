@@ -15,6 +15,7 @@ from replay_helpers import BrokenOp
 import examples.tiny_llama as tiny
 from examples.tiny_llama import build_tiny_llama
 from pytest_precision import TensorComparison, capture, compare_dumps, load_dump
+from pytest_precision.report import render
 
 
 def _chunked_rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -37,19 +38,19 @@ def test_identical_runs_do_not_diverge(dumps: Callable[..., Path], mode: str, le
     assert result.unmatched == []
     assert result.counts()["fail"] == 0
     assert len(result.records) == len(load_dump(golden))
-    assert "no divergence: every compared record is within the standard" in result.report()
+    assert "no divergence: every compared record is within the standard" in render(result)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("level", ["mix", "module"])
 def test_bf16_against_fp32_is_noise(dumps: Callable[..., Path], mode: str, level: str) -> None:
     result, culprits = judged_in_shards(dumps(mode, level), dumps(mode, level, "bf16"))
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
     assert culprits == [], culprits[0].reason  # no shard of --precision-compare fails
     assert result.counts()["fail"] > 0  # differences beyond the standard: carried, not made
     # drifting calls that could not be rerun make the answer "inconclusive", never silently
     verdict = "inconclusive" if result.unverified else "no call is guilty"
-    assert verdict in result.report()
+    assert verdict in render(result)
     if mode == "tensor" and level == "mix":
         # every drifting op was rerun in float64 and cleared; none had to be taken on trust
         assert result.unverified == []

@@ -22,6 +22,7 @@ from pytest_precision import (
 )
 from pytest_precision.cli import main
 from pytest_precision.compare._results import layer_of
+from pytest_precision.report import render, write_csv, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,7 +47,7 @@ def test_records_pair_every_slot_with_metrics(dumps: Callable[..., Path]) -> Non
 
 def test_report_json_and_csv(dumps: Callable[..., Path], tmp_path: Path) -> None:
     result = compare_dumps(dumps("tensor"), dumps("tensor", "mix", "weight"))
-    text = result.report(worst=3)
+    text = render(result, worst=3)
     lines = text.splitlines()
     assert lines[0].startswith("golden:  ")
     assert "first divergence: Functional.linear.13.forward, step 0 rank 0" in text
@@ -54,12 +55,12 @@ def test_report_json_and_csv(dumps: Callable[..., Path], tmp_path: Path) -> None
     assert "metrics: cosine" in text
     assert "worst calls (3 of" in text
     assert len(lines) <= 20
-    result.write_json(tmp_path / "out.json")
+    write_json(result, tmp_path / "out.json")
     document = json.loads((tmp_path / "out.json").read_text())
     assert document["passed"] is False
     assert document["first_divergence"]["module"] == "model.layers.1.mlp.down_proj"
     assert len(document["records"]) == len(result.records)
-    result.write_csv(tmp_path / "out.csv")
+    write_csv(result, tmp_path / "out.csv")
     with (tmp_path / "out.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(result.records)

@@ -10,6 +10,7 @@ from torch import nn
 
 from pytest_precision import capture, compare_dumps, load_dump
 from pytest_precision.compare._alignment import completion_order
+from pytest_precision.report import render
 
 
 class Layer(nn.Module):
@@ -59,7 +60,7 @@ def test_a_weight_changed_after_the_shared_call_is_found_in_its_module(tmp_path:
         net.layers[1].norm.weight[:2] *= 1.5
     result = compare_dumps(golden, _capture(net, tmp_path / "target"))
     culprit = result.first_divergence
-    assert culprit is not None, result.report()
+    assert culprit is not None, render(result)
     assert culprit.module is not None
-    assert culprit.module.startswith("layers.1.norm"), result.report()
-    assert culprit.rule == "source", result.report()
+    assert culprit.module.startswith("layers.1.norm"), render(result)
+    assert culprit.rule == "source", render(result)

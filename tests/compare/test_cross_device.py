@@ -21,6 +21,7 @@ from hf_zoo import build, inputs
 from torch.overrides import TorchFunctionMode
 
 from pytest_precision import capture
+from pytest_precision.report import render
 
 
 class SplitKAccumulation(TorchFunctionMode):
@@ -86,13 +87,13 @@ def test_a_bf16_run_on_another_device_is_noise(arch: str, mode: str, tmp_path: P
     golden = _capture(model, tmp_path / "golden", mode, other_device=False)
     target = _capture(model, tmp_path / "target", mode, other_device=True)
     result, culprits = judged_in_shards(golden, target)
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
     assert culprits == [], culprits[0].reason  # no shard of --precision-compare fails
     # Every drifting call that can be rerun is cleared by its rerun. A statistics dump holds no
     # tensors to rerun from, and MoE's grouped matmul has no CPU rerun: there the differing calls
     # stay unverified, and the comparison says inconclusive rather than pass (never a culprit).
     verifiable = mode == "tensor" and arch != "mixtral"
-    assert result.verdict == ("pass" if verifiable else "inconclusive"), result.report()
+    assert result.verdict == ("pass" if verifiable else "inconclusive"), render(result)
 
 
 def test_the_simulated_device_really_computes_differently() -> None:

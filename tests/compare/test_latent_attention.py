@@ -16,6 +16,7 @@ from hf_zoo import SEED, _common, inputs
 
 from pytest_precision import capture, compare_dumps, load_dump
 from pytest_precision.dump._uninitialized import UninitializedMemory
+from pytest_precision.report import render
 
 K = 3
 
@@ -154,7 +155,7 @@ def test_two_captures_of_a_buffer_filled_by_slices_agree(tmp_path: Path) -> None
     garbage = torch.full((4096,), float("nan"))  # the allocator may hand this memory out
     del garbage
     result = compare_dumps(golden, _capture(tmp_path / "target", a, b))
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
 
 
 def test_a_wrong_slice_is_found_where_it_is_written(tmp_path: Path) -> None:
@@ -250,8 +251,8 @@ def test_deepseek_v3_noise_names_no_culprit(tmp_path: Path, mode: str) -> None:
     golden = _capture_model(_deepseek_v3(), tmp_path / "golden", mode)
     again = _capture_model(_deepseek_v3(), tmp_path / "again", mode)
     result = compare_dumps(golden, again)
-    assert result.first_divergence is None, result.report()
-    assert result.passed, result.report()
+    assert result.first_divergence is None, render(result)
+    assert result.passed, render(result)
     bf16 = _capture_model(_deepseek_v3(torch.bfloat16), tmp_path / "bf16", mode)
     d = compare_dumps(golden, bf16).first_divergence
     assert d is None, f"{d.name} in {d.module} ({d.rule}): {d.reason}"

@@ -24,6 +24,7 @@ from hf_bugs import BUGS, NOISE, applicable, threads
 from hf_zoo import ARCHS, build, inputs
 
 from pytest_precision import Divergence, Dump, DumpComparison, capture, compare_dumps, load_dump
+from pytest_precision.report import render
 
 MODES = ("tensor", "statistics")
 LEVELS = ("mix", "module")
@@ -110,7 +111,7 @@ def test_planted_bug_is_convicted_at_its_module(
         golden(arch, mode, level), arch, bug, mode, level, tmp_path
     )
     d = result.first_divergence
-    assert d is not None, f"{bug} planted in {planted}: no divergence\n{result.report()}"
+    assert d is not None, f"{bug} planted in {planted}: no divergence\n{render(result)}"
     assert inside(d.module, planted), (
         f"{bug} planted in {planted}, convicted {d.name} in {d.module} ({d.cause}): {d.reason}"
     )
@@ -147,7 +148,7 @@ def test_noise_names_no_culprit(
     assert d is None, f"{case}: false alarm at {d.name} in {d.module} ({d.cause}): {d.reason}"
     assert culprits == [], f"{case}: a shard convicts {culprits[0].name}: {culprits[0].reason}"
     if case in ("self", "threads", "extra_noop_op"):
-        assert result.passed, result.report()
+        assert result.passed, render(result)
 
 
 # -- dumps users bring: msprobe (fixtures/msprobe/make_dumps.py) -------------------------------
@@ -170,8 +171,8 @@ def test_an_msprobe_dump_against_itself_does_not_diverge(case: str) -> None:
     """The HF Llama's causal mask holds finfo(float32).min: msprobe's float32 statistics of it
     overflow (mean -inf, norm inf), the same on both sides."""
     result = compare_dumps(MSPROBE / case, MSPROBE / case)
-    assert result.first_divergence is None, result.report()
-    assert result.passed, result.report()
+    assert result.first_divergence is None, render(result)
+    assert result.passed, render(result)
 
 
 @pytest.mark.parametrize("task", ["tensor", "statistics"])
@@ -182,7 +183,7 @@ def test_a_rank_local_bug_before_a_collective_is_found_on_that_rank(task: str) -
         MSPROBE / f"tp_golden_{task}", MSPROBE / f"tp_rank1_scaled_{task}"
     )
     d = result.first_divergence
-    assert d is not None, result.report()
+    assert d is not None, render(result)
     assert (d.rank, d.step) == (1, 0), f"{d.name} on rank {d.rank} ({d.cause}): {d.reason}"
     # rank 0's all_reduce, whose own inputs match exactly, put out what it gathered from rank
     # 1: no fault of rank 0's shard (rank 1's comes from code only that run has: judged by

@@ -19,6 +19,7 @@ from pytest_precision import Dump, capture, compare_dumps
 from pytest_precision.dump._records import Record
 from pytest_precision.numerics._dtypes import dtype_name
 from pytest_precision.numerics._stats import TensorStats, tensor_stats
+from pytest_precision.report import render, write_json
 
 Value = torch.Tensor | TensorStats | float | int | str
 
@@ -100,8 +101,8 @@ def test_uninitialized_memory_is_not_data() -> None:
         return d.dump()
 
     result = compare_dumps(run(torch.zeros(4, 8)), run(torch.full((4, 8), 3e30)))
-    assert result.first_divergence is None, result.report()
-    assert result.passed, result.report()
+    assert result.first_divergence is None, render(result)
+    assert result.passed, render(result)
     assert result.counts()["skip"] == 2
 
 
@@ -160,8 +161,8 @@ def test_code_only_one_run_has_is_convicted_at_its_module(
     planted = _projection_in_bf16(model)
     result = compare_dumps(golden, _capture(model, tmp_path / "target", level, mode))
     d = result.first_divergence
-    assert d is not None, result.report()
-    assert d.module == planted, result.report()
+    assert d is not None, render(result)
+    assert d.module == planted, render(result)
     assert d.cause == "unmatched"
     assert "Tensor.to" in d.reason
     rule = "module with clean inputs" if level == "mix" else "code only one run has"
@@ -181,11 +182,11 @@ def test_the_report_says_the_rule_and_how_the_error_grew(tmp_path: Path) -> None
     assert [x.layer for x in d.growth.layers][:2] == ["layers.1", "layers.2"]
     assert d.growth.explodes is not None
     assert d.growth.explodes.layer == "layers.1"
-    text = result.report()
+    text = render(result)
     assert "rule:   source" in text
     assert "growth: layers.1 " in text
     assert "exceeds the gross limit 0.001 at layers.1" in text
-    result.write_json(tmp_path / "c.json")
+    write_json(result, tmp_path / "c.json")
     document = json.loads((tmp_path / "c.json").read_text())["first_divergence"]
     assert document["rule"] == "source"
     assert document["growth"]["explodes"] == "layers.1"
@@ -219,7 +220,7 @@ def test_a_constant_in_the_runs_dtype_is_no_source(tmp_path: Path, mode: str) ->
     golden = _capture(Masked(), tmp_path / "golden", "mix", mode)
     port = _capture(Masked().to(torch.bfloat16), tmp_path / "port", "mix", mode)
     result = compare_dumps(golden, port)
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
     wrong = _capture(Masked(0.3).to(torch.bfloat16), tmp_path / "wrong", "mix", mode)
     d = compare_dumps(golden, wrong).first_divergence
     assert d is not None
@@ -239,7 +240,7 @@ def test_equal_overflowing_statistics_are_equal() -> None:
     d.call("Torch.where.0.forward", None, {"input.0": X, "output.0": overflowed})
     d.call("Tensor.add.0.forward", None, {"input.0": overflowed, "output.0": overflowed})
     result = compare_dumps(d.dump(), d.dump())
-    assert result.passed, result.report()
+    assert result.passed, render(result)
 
 
 # -- E. collectives across ranks -------------------------------------------------------------------
@@ -272,10 +273,10 @@ def test_a_rank_local_error_before_a_collective_is_blamed_on_its_rank(extra_op: 
     golden = _tensor_parallel(1.0, extra_op=False)
     result = compare_dumps(golden, _tensor_parallel(1.5, extra_op))
     d = result.first_divergence
-    assert d is not None, result.report()
-    assert d.rank == 1, result.report()
+    assert d is not None, render(result)
+    assert d.rank == 1, render(result)
     rule = "code only one run has" if extra_op else "float64 rerun"
-    assert d.rule == rule, result.report()
+    assert d.rule == rule, render(result)
 
 
 # -- F. statistics equality is not data equality ---------------------------------------------------
@@ -295,7 +296,7 @@ def test_matching_statistics_inherit_the_producers_drift() -> None:
 
     golden = run(1.0, [5, 4, 4], torch.float32)
     result = compare_dumps(golden, run(1.001, [4, 4, 5], torch.bfloat16))
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
 
 
 @pytest.fixture(autouse=True)

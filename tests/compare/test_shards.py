@@ -16,6 +16,7 @@ from tp_dumps import Bug, shard_data, write_calls, write_tp_dump
 from pytest_precision import DumpComparison, ShardedComparison, compare_dumps
 from pytest_precision.compare._shards import Shard
 from pytest_precision.dump import _native
+from pytest_precision.report import render, write_json
 
 BUGS = {
     "same": None,
@@ -78,7 +79,7 @@ def _distributed(
 
 
 def _json(result: DumpComparison, path: Path) -> object:
-    result.write_json(path)
+    write_json(result, path)
     return json.loads(path.read_text())
 
 
@@ -89,7 +90,7 @@ def test_shards_judged_together_give_the_report_of_compare_dumps(
     serial = compare_dumps(tp["golden"], tp[variant])
     distributed, judge = _distributed(tp["golden"], tp[variant])
     assert _json(distributed, tmp_path / "d.json") == _json(serial, tmp_path / "s.json")
-    assert distributed.report() == serial.report()
+    assert render(distributed) == render(serial)
     assert judge.measurements.computed == 0  # the judge read no tensor
     if BUGS[variant] is not None:
         found = distributed.first_divergence
@@ -207,7 +208,7 @@ def test_a_token_that_noise_flipped_fails_no_later_shard(tmp_path: Path) -> None
     golden = write_calls(tmp_path / "g", run(torch.float32, 5))
     target = write_calls(tmp_path / "t", run(torch.bfloat16, 6))
     result, culprits = judged_in_shards(golden, target)
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
     assert result.inputs_diverged is not None
     assert result.inputs_diverged.step == 1
     assert culprits == [], [(c.name, c.step, c.reason) for c in culprits]

@@ -19,6 +19,7 @@ from planted import build, twin  # noqa: E402
 
 from pytest_precision import assert_same_generation, diagnose, save_run  # noqa: E402
 from pytest_precision.cli import main  # noqa: E402
+from pytest_precision.report import render_html  # noqa: E402
 
 IDS = [[17, 200, 45, 3, 99, 120], [8, 77, 31, 150, 64, 12]]
 BAD = "model.layers.0.mlp.down_proj"
@@ -35,7 +36,12 @@ def _bad(model: torch.nn.Module) -> torch.nn.Module:
 def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> object:
     golden = build("llama")
     return diagnose(
-        golden, _bad(golden), IDS, max_new_tokens=6, out=tmp_path_factory.mktemp("diag")
+        golden,
+        _bad(golden),
+        IDS,
+        max_new_tokens=6,
+        out=tmp_path_factory.mktemp("diag"),
+        render=render_html,
     )
 
 
@@ -143,18 +149,16 @@ def test_compare_html(diagnosed: object, tmp_path: Path) -> None:
     )
     assert code == 1
     assert '"cause": "source"' in page.read_text()
-    assert (
-        main(
-            [
-                "compare",
-                str(d.comparison.golden.path),
-                str(d.comparison.target.path),  # type: ignore[attr-defined]
-                "--html",
-                str(tmp_path / "missing" / "c.html"),
-            ]
-        )
-        == 2
-    )
+
+
+def test_compare_makes_missing_folders_for_every_output(diagnosed: object, tmp_path: Path) -> None:
+    d = diagnosed
+    dumps = [str(d.comparison.golden.path), str(d.comparison.target.path)]  # type: ignore[attr-defined]
+    outputs = {"--html": tmp_path / "a" / "c.html", "--json": tmp_path / "b" / "c.json"}
+    outputs["--csv"] = tmp_path / "c" / "c.csv"
+    args = [item for option, path in outputs.items() for item in (option, str(path))]
+    assert main(["compare", *dumps, *args]) == 1
+    assert all(path.is_file() for path in outputs.values())
 
 
 def test_assert_same_generation(tmp_path: Path) -> None:
@@ -165,8 +169,18 @@ def test_assert_same_generation(tmp_path: Path) -> None:
     message = str(failure.value)
     assert message.startswith("culprit: ")
     assert BAD in message
+    assert message.count("report: ") == 1
     assert f"report: {tmp_path / 'b' / 'report.html'}" in message
-    assert "exported test: -" in message  # a wrong weight: nothing to replay
+    assert "exported test" not in message  # a wrong weight: nothing to replay, nothing exported
+
+
+def test_assert_same_generation_leaves_no_temporary_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    golden = build("llama")
+    assert_same_generation(golden, twin(golden), IDS, max_new_tokens=3)
+    assert not list(tmp_path.glob("precision-diagnosis-*"))
 
 
 @pytest.mark.slow

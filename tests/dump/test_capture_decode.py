@@ -16,6 +16,7 @@ import torch
 
 from pytest_precision import Golden, Record, capture, compare_dumps, load_dump
 from pytest_precision.numerics._nested import StoredCache, flatten
+from pytest_precision.report import render
 
 NEW_TOKENS = 3
 PROMPT = hf_zoo.SEQ
@@ -161,7 +162,7 @@ def test_two_clean_captures_of_generate_compare_clean(arch: str, tmp_path: Path)
     _captured_generate(model, tmp_path / "golden")
     _captured_generate(hf_zoo.build(arch), tmp_path / "target")
     result = compare_dumps(tmp_path / "golden", tmp_path / "target")
-    assert result.passed, result.report()
+    assert result.passed, render(result)
     assert {r.step for r in result.records} == set(range(NEW_TOKENS))
     assert any(".cache.layers.1.values" in r.slot for r in result.records)
 
@@ -203,6 +204,6 @@ def test_growth_rows_name_their_step_and_the_model_row_is_its_logits(tmp_path: P
     for step in range(NEW_TOKENS):
         assert rows[(step, "(top level)")] > 0  # was the cache's repr string, at 0
         assert rows[(step, "(top level)")] >= rows[(step, "lm_head")]
-    text = result.report()
+    text = render(result)
     assert "lm_head (step 0)" in text
     assert "(step 1)" in text

@@ -17,6 +17,7 @@ from tp_capture import capture_tp
 
 from pytest_precision import capture, load_dump
 from pytest_precision.dump._op_names import op_info
+from pytest_precision.report import render
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed"
@@ -121,7 +122,7 @@ def test_a_broadcast_outside_the_forward_gives_the_next_step_its_data(
 @pytest.mark.slow
 def test_bf16_is_noise_and_a_wrong_weight_is_found_on_its_rank(tp: dict[str, Path]) -> None:
     result, culprits = judged_in_shards(tp["golden"], tp["bf16"])
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
     assert result.counts()["fail"] > 0
     assert culprits == [], [(c.name, c.rank, c.reason) for c in culprits]
     result, culprits = judged_in_shards(tp["golden"], tp["weight"])

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from pytest_precision.report import render
+
 for _key, _value in {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in this process: its model is reachable
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -137,8 +139,8 @@ def test_clean_pair_has_no_culprit(llm: Any, clean: tuple[Path, list[Any]], tmp_
     assert [r.slot for r in layer.outputs] == ["output.0", "output.1"]  # (hidden, residual)
     assert layer.outputs[0].shape == (batches[0].total_tokens, 64)  # flattened tokens
     result = compare_dumps(path, tmp_path / "again")
-    assert result.first_divergence is None, result.report()
-    assert result.verdict == "pass", result.report()
+    assert result.first_divergence is None, render(result)
+    assert result.verdict == "pass", render(result)
 
 
 def test_perturbed_weight_is_found_at_its_layer(
@@ -156,8 +158,8 @@ def test_perturbed_weight_is_found_at_its_layer(
             weight.copy_(saved)
     result = compare_dumps(clean[0], tmp_path / "perturbed")
     culprit = result.first_divergence
-    assert culprit is not None, result.report()
-    assert culprit.layer == "model.layers.1", result.report()
+    assert culprit is not None, render(result)
+    assert culprit.layer == "model.layers.1", render(result)
     assert culprit.module == "model.layers.1.post_attention_layernorm"
     assert culprit.step == 0
 
@@ -169,7 +171,7 @@ def test_bf16_run_against_fp32_has_no_culprit(
     assert ran["tokens"] == [list(o.outputs[0].token_ids) for o in clean[1]]
     assert len(ran["steps"]) >= 3
     result = compare_dumps(clean[0], tmp_path / "bf16")
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
     assert result.counts()["fail"] > 0  # bf16 differs, as noise
     # Custom kernels cannot be rerun to clear their drift: said so, not hidden.
     assert result.verdict in ("pass", "inconclusive")
@@ -186,8 +188,8 @@ def test_multiprocess_engine_is_captured_through_collective_rpc(
     assert ran["ranks"] == [0]
     assert len(ran["steps"]) == MAX_TOKENS
     result = compare_dumps(tmp_path / "inprocess", tmp_path / "multiprocess")
-    assert result.first_divergence is None, result.report()
-    assert result.verdict == "pass", result.report()
+    assert result.first_divergence is None, render(result)
+    assert result.verdict == "pass", render(result)
 
 
 def _outputs(dump: Any, name: str, step: int) -> list[torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 from pytest_precision import PrecisionChecker, PrecisionInputError, compare_tensors
 from pytest_precision.numerics._comparison import resolve_standard
 from pytest_precision.numerics._precision_checker import magnitude_sums
-from pytest_precision.numerics._standards import STANDARDS
+from pytest_precision.numerics._standard_names import STANDARDS
 
 ORIGINAL = PrecisionChecker(two_sided=False)
 GEN = torch.Generator().manual_seed(12)

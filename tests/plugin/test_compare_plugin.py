@@ -18,6 +18,7 @@ from tp_dumps import Bug, shard_data, write_tp_dump
 from examples.tiny_llama import build_tiny_llama
 from pytest_precision import ShardedComparison, compare_dumps
 from pytest_precision.plugin import _compare
+from pytest_precision.report import write_json
 
 PLANTED = "precision-compare::step1-rank1-layers.1"
 
@@ -63,7 +64,7 @@ def tp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _expected(golden: Path, target: Path, path: Path) -> object:
-    compare_dumps(golden, target).write_json(path)
+    write_json(compare_dumps(golden, target), path)
     return json.loads(path.read_text())
 
 

@@ -21,6 +21,7 @@ from pytest_precision import (
 )
 from pytest_precision.cli import main
 from pytest_precision.dump._extract import write_calls
+from pytest_precision.report import render
 from pytest_precision.rerun._ops import NotReplayable
 from pytest_precision.rerun._recompute import find_call
 
@@ -121,7 +122,7 @@ def test_the_report(dumps: Callable[[str], Path]) -> None:
     assert isinstance(slot.golden, TensorComparison)
     assert slot.golden.verdict == "pass"  # the clean run's softmax is right
     assert slot.golden.max_abs_err == pytest.approx(slot.rerun.max_abs_err, rel=1, abs=1e-6)
-    lines = result.report().splitlines()
+    lines = render(result).splitlines()
     assert lines[0] == f"replay {SOFTMAX_1} (step 0, rank 0) on cpu: context"
     assert lines[1].split() == [
         "module:",
@@ -296,7 +297,7 @@ def test_everyday_ops_of_a_clean_capture_are_noise(everyday: Path, name: str) ->
     names = {c.name for c in load_dump(everyday).calls}
     assert name in names, sorted(names)
     result = replay_op(everyday, name)
-    assert result.verdict == "noise", result.report()
+    assert result.verdict == "noise", render(result)
 
 
 def test_an_overflow_of_the_output_dtype_is_said(everyday: Path) -> None:
@@ -336,7 +337,7 @@ def test_a_failing_golden_under_a_noise_verdict_is_explained(
     assert result.verdict == "noise"
     assert result.slots[0].golden is not None
     assert result.slots[0].golden.verdict == "fail"
-    text = result.report()
+    text = render(result)
     assert "reported only, not part of the verdict" in text
     assert "The verdict, noise, judges the target's recorded output" in text
 

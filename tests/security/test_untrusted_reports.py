@@ -21,7 +21,8 @@ from pytest_precision import capture, compare_dumps
 from pytest_precision._text import shown, shown_text, spreadsheet_cell
 from pytest_precision.cli import main
 from pytest_precision.diagnosis._results import Diagnosis, DiagnosisStep
-from pytest_precision.plugin._generation import diagnosis_message
+from pytest_precision.report import write_csv
+from pytest_precision.report._diagnosis import diagnosis_text
 from pytest_precision.report._dumps import shard_failure_text
 from pytest_precision.report._goldens import golden_summary_lines
 from pytest_precision.report._html import diagnosis_html, dump_comparison_html, write_html
@@ -188,7 +189,7 @@ def test_the_csv_keeps_names_from_being_formulas(
     planted: tuple[Path, Path], payload: str, tmp_path: Path
 ) -> None:
     result = compare_dumps(*planted)
-    result.write_csv(tmp_path / "out.csv")
+    write_csv(result, tmp_path / "out.csv")
     with open(tmp_path / "out.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     names = [row["name"] for row in rows if row["name"].lstrip("'") == payload]
@@ -239,7 +240,7 @@ def test_the_failure_messages_and_summaries_escape_names(
     planted: tuple[Path, Path], payload: str, tmp_path: Path
 ) -> None:
     result = compare_dumps(*planted)
-    _assert_terminal_safe(diagnosis_message(_diagnosis(result, tmp_path)))
+    _assert_terminal_safe(diagnosis_text(_diagnosis(result, tmp_path)))
     culprits = [result.first_divergence]
     _assert_terminal_safe(shard_failure_text("step 0", culprits, result.records))  # type: ignore[list-item]
     record = {"status": "fail", "test": f"t.py::{payload}", "name": payload, "message": payload}

@@ -1,17 +1,22 @@
-"""kill -9 during golden updates leaves every golden file old or new, never torn.
+"""kill -9 during a golden update leaves every golden file old or new, never torn.
 
-A forked child rewrites the goldens of a few tests in a loop through the same update path the
-plugin uses; the parent kills it with SIGKILL at random moments and then reads every file back.
-Fork (not spawn) keeps each round at milliseconds instead of a torch import.
+A forked child rewrites the goldens of three tests through the same update path the plugin
+uses, and stops at a chosen point of the second test's write (the temp file just created, half
+of it written, all of it written but not synced, synced but not renamed, renamed); it tells
+the parent so through a pipe and waits there, and the parent kills it with SIGKILL. The kill
+lands at that point every time, whatever the machine's load. Fork (not spawn) keeps each case
+at milliseconds instead of a torch import.
 """
 
 from __future__ import annotations
 
 import os
-import random
+import select
 import signal
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,22 +25,12 @@ from pytest_precision import Golden
 from pytest_precision.golden._files import read_golden
 from pytest_precision.golden._layout import golden_relpath, list_stale_temps
 
-KILLS = 60  # at least this many kills...
-#: ...and on until this many landed inside a write and every golden was written at least once
-#: (timing varies with load: on a busy machine a child may be killed before its third write)
-MID_WRITE = 5
-MAX_KILLS = 600
 TESTS = [f"tests/test_model.py::test_layer[{i}]" for i in range(3)]
-SHAPE = (128, 1024)  # 512 KiB of float32: a write takes long enough to be hit mid-way
-
-
-def _writer(directory: Path, first_version: int) -> None:
-    """Rewrite every test's golden with an ever newer version until killed."""
-    torch.set_num_threads(1)
-    version = first_version
-    while True:
-        _writer_round(directory, version)
-        version += 1
+#: The write the child is killed in: the second test's (the first is then complete).
+KILLED = 1
+SHAPE = (128, 1024)
+#: Where in ``atomic_write`` the child is killed, in the order the points are reached.
+POINTS = ["temp created", "half written", "written, not synced", "synced, not renamed", "renamed"]
 
 
 def _writer_round(directory: Path, version: int) -> None:
@@ -44,9 +39,7 @@ def _writer_round(directory: Path, version: int) -> None:
         golden(torch.full(SHAPE, float(version)), "x", standard="exact")
 
 
-def _version(path: Path) -> int | None:
-    if not path.exists():
-        return None
+def _version(path: Path) -> int:
     value = read_golden(path).value("x")
     assert value.shape == SHAPE
     first = value.flatten()[0]
@@ -54,43 +47,97 @@ def _version(path: Path) -> int | None:
     return int(first)
 
 
+def _stop_at(point: str, target: str, ready: int) -> None:
+    """In the child: make the write of the file named ``target`` stop at ``point``, telling
+    the parent through the pipe ``ready`` and waiting there to be killed."""
+    real_mkstemp, real_fdopen, real_fsync, real_replace = (
+        tempfile.mkstemp,
+        os.fdopen,
+        os.fsync,
+        os.replace,
+    )
+    armed = False
+
+    def halt() -> None:
+        os.write(ready, b"!")
+        time.sleep(600)
+
+    class HalfWriter:
+        def __init__(self, file: Any) -> None:
+            self.file = file
+
+        def write(self, data: bytes) -> None:
+            self.file.write(data[: len(data) // 2])
+            self.file.flush()
+            halt()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.file, name)
+
+        def __enter__(self) -> HalfWriter:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.file.close()
+
+    def mkstemp(*args: Any, **kwargs: Any) -> tuple[int, str]:
+        nonlocal armed
+        fd, name = real_mkstemp(*args, **kwargs)
+        armed = Path(name).name.startswith(f".{target}.")
+        if armed and point == "temp created":
+            halt()
+        return fd, name
+
+    def fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+        file = real_fdopen(fd, *args, **kwargs)
+        return HalfWriter(file) if armed and point == "half written" else file
+
+    def fsync(fd: int) -> None:
+        if armed and point == "written, not synced":
+            halt()
+        real_fsync(fd)
+        if armed and point == "synced, not renamed":
+            halt()
+
+    def replace(src: Any, dst: Any) -> None:
+        real_replace(src, dst)
+        if armed and point == "renamed":
+            halt()
+
+    tempfile.mkstemp, os.fdopen, os.fsync, os.replace = mkstemp, fdopen, fsync, replace  # type: ignore[assignment]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_kill_9_during_update_leaves_old_or_new(tmp_path: Path) -> None:
-    rng = random.Random(1234)
-    # imports and numba's kernel loading happen once here, not in every child: a child killed
-    # within 100 ms would otherwise spend its whole life warming up and never write. The second
-    # round overwrites, which compares against the old goldens: other kernels.
-    for version in range(2):
-        _writer_round(tmp_path / "warm-up", version)
+@pytest.mark.parametrize("point", POINTS)
+def test_kill_9_during_update_leaves_old_or_new(point: str, tmp_path: Path) -> None:
     goldens = tmp_path / "goldens"
+    _writer_round(goldens, 1)  # version 1 of every golden; imports and kernels warm
     paths = [goldens / golden_relpath(test_id) for test_id in TESTS]
-    versions: list[int | None] = [None] * len(paths)
-    killed_mid_write = 0
-    round_ = 0
-    while round_ < KILLS or (
-        (killed_mid_write < MID_WRITE or None in versions) and round_ < MAX_KILLS
-    ):
-        round_ += 1
-        first_version = 1000 * round_
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover  (the child never returns: it is killed)
-            try:
-                _writer(goldens, first_version)
-            finally:
-                os._exit(1)
-        time.sleep(rng.uniform(0.005, 0.1))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover  (the child never returns: it is killed)
+        try:
+            os.close(read_end)
+            torch.set_num_threads(1)
+            _stop_at(point, paths[KILLED].name, write_end)
+            _writer_round(goldens, 2)
+        finally:
+            os._exit(1)
+    os.close(write_end)
+    try:
+        reached, _, _ = select.select([read_end], [], [], 120)
+        assert reached, f"the writer never reached {point!r}"
+    finally:
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
-        assert os.WIFSIGNALED(status), "the writer died before it was killed"
-        for i, path in enumerate(paths):
-            version = _version(path)
-            old, new = versions[i], range(first_version, first_version + 1000)
-            assert version == old or version in new, f"{path}: version {version}"
-            versions[i] = version
-        stale = list_stale_temps(goldens)
-        killed_mid_write += bool(stale)
-        for temp in stale:
-            temp.unlink()
-    print(f"{round_} kills, {killed_mid_write} inside a write, final versions {versions}")
-    assert all(v is not None for v in versions)
-    assert killed_mid_write >= MID_WRITE, "too few kills landed inside a write to prove anything"
+        os.close(read_end)
+    assert os.WIFSIGNALED(status), "the writer died before it was killed"
+
+    renamed = point == "renamed"
+    assert [_version(path) for path in paths] == [2, 2 if renamed else 1, 1]
+    stale = list_stale_temps(goldens)
+    assert len(stale) == (0 if renamed else 1)  # what the kill left behind: its temp file only
+    for temp in stale:
+        temp.unlink()
+    _writer_round(goldens, 3)  # and the next update goes through
+    assert [_version(path) for path in paths] == [3, 3, 3]

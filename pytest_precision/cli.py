@@ -347,8 +347,14 @@ def _diagnose(args: argparse.Namespace) -> int:
     from .report._diagnosis import diagnosis_text
     from .report._html import diagnosis_html, write_html
 
-    if (args.entry and args.runs) or (not args.entry and len(args.runs) != 2):
+    if args.entry and args.runs:
         raise PrecisionError("give two saved runs (GOLDEN TARGET) or --entry, not both")
+    if not args.entry and len(args.runs) != 2:
+        given = ", ".join(args.runs) or "none"
+        raise PrecisionError(
+            f"diagnose compares two saved runs, GOLDEN then TARGET (given: {given}); "
+            "or build both models with --entry MODULE:FUNCTION"
+        )
     if args.entry:
         built = _entry(args.entry)
         golden, target = built["golden"], built["target"]

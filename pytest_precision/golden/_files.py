@@ -162,7 +162,7 @@ def read_golden(path: Path) -> GoldenFile:
         raise
     except Exception as exc:  # safetensors reports a damaged file with several error types
         raise DumpFormatError(
-            path, f"corrupt golden file, not readable as safetensors ({exc}); re-record it"
+            path, f"corrupt golden file, not readable as safetensors ({exc})"
         ) from None
     if raw is None:
         raise DumpFormatError(path, "not a pytest-precision golden (no golden metadata)")

@@ -73,7 +73,7 @@ def assert_layers_close_to_golden(
     model: torch.nn.Module,
     *inputs: Any,
     modules: Sequence[str] | None = None,
-    logits: bool = True,
+    logits: bool | None = None,
     reference: bool = True,
     dtype: torch.dtype | None = None,
     golden: Golden | None = None,
@@ -83,7 +83,10 @@ def assert_layers_close_to_golden(
     """Assert each block's output (and the logits) of ``model(*inputs, **kwargs)`` against
     the running test's goldens, named by module path (``"logits"`` for the model output).
 
-    ``modules``: module paths to check (default: :func:`repeated_blocks`). ``reference``:
+    ``modules``: module paths to check (default: :func:`repeated_blocks`). ``logits``: also
+    check the model output as ``"logits"``; default yes, except against a dump (``--golden-dir``
+    naming a capture), which records modules and ops, never a value named ``logits``.
+    ``reference``:
     when recording, rerun the model in float64 and store the reference envelope; without
     it the goldens are marked multi-op (model-level rule). ``dtype``: cast the captured values
     first (a port computing in float32 that returns bf16). ``mask``: the ``(batch, seq)``
@@ -94,6 +97,14 @@ def assert_layers_close_to_golden(
     """
     __tracebackhide__ = True
     golden = golden or current_golden()
+    if logits is None:
+        logits = golden.source.writable
+    elif logits and not golden.source.writable:
+        raise PrecisionInputError(
+            f"logits=True: the golden is a dump ({golden.source.path}), which records modules "
+            "and ops, not the model output as 'logits'; leave logits unset, or name the last "
+            "module in modules="
+        )
     paths = list(repeated_blocks(model) if modules is None else modules)
     real = mask_of(mask, kwargs)
     if "logits" in paths:

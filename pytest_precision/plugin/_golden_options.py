@@ -84,6 +84,17 @@ def dtype_tolerances(config: pytest.Config) -> dict[torch.dtype, Tolerance]:
         raise pytest.UsageError(str(exc)) from None
 
 
+def check_readable(golden_dir: Path | None) -> None:
+    """A ``--golden-dir`` named on the command line, to read from, must exist: one usage error
+    at start-up instead of a failure per test. (A ``golden_dir`` from the ini may not exist
+    yet: its tests fail and the summary says so once.)"""
+    if golden_dir is not None and not golden_dir.exists():
+        raise pytest.UsageError(
+            f"--golden-dir {golden_dir} does not exist: record the goldens with "
+            "--golden-update, or fix the path"
+        )
+
+
 def check_writable(golden_dir: Path, *, mark: bool) -> None:
     """``--golden-update`` needs a golden directory it can create: anything else is a usage
     error at start-up, never a failure per test. ``mark``: this process (not an xdist worker)

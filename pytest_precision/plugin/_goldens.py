@@ -32,7 +32,7 @@ from ..golden._layout import (
 )
 from ..golden._prune import find_unused, prune
 from ..report._goldens import golden_report_document, golden_summary_lines, record_order
-from ._golden_options import check_writable, dtype_tolerances, golden_dir
+from ._golden_options import check_readable, check_writable, dtype_tolerances, golden_dir
 
 if TYPE_CHECKING:
     from ..golden._golden import Golden
@@ -63,6 +63,8 @@ class GoldenPlugin:
             raise pytest.UsageError("--golden-update and --golden-prune need --golden-dir DIR")
         if self.update and self.golden_dir is not None:
             check_writable(self.golden_dir, mark=not hasattr(config, "workerinput"))
+        elif config.getoption("golden_dir"):
+            check_readable(self.golden_dir)
         self._source: GoldenSource | PrecisionError | None = None
         self.records: list[dict[str, Any]] = []
         # what the run's collection used: golden paths, and whether it was narrowed

@@ -135,6 +135,7 @@ def test_a_run_configuring_a_torch_feature_gets_the_devices_in_the_header(
 def test_which_options_need_torch_at_header_time(
     pytester: pytest.Pytester, args: list[str], configured: bool
 ) -> None:
+    pytester.mkdir("g")  # a --golden-dir to read from must exist
     config = pytester.parseconfigure(*args)
     assert plugin._configured(config) is configured
 

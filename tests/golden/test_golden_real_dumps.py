@@ -73,3 +73,36 @@ def test_native_capture_as_goldens(pytester: pytest.Pytester, tmp_path: Path) ->
     )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*golden mismatch (golden: *baseline record Module.2.Linear.*"])
+
+
+LAYERS_TEST = """
+import pytest
+import torch
+from pytest_precision import PrecisionInputError, assert_layers_close_to_golden
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+def test_the_layer_helper_checks_modules_against_a_dump():
+    x = torch.arange(16.0).reshape(2, 8) / 16
+    assert_layers_close_to_golden(model(), x, modules=["0", "2"])
+
+def test_logits_against_a_dump_is_an_error_that_says_why():
+    with pytest.raises(PrecisionInputError, match="records modules and ops"):
+        assert_layers_close_to_golden(model(), torch.ones(2, 8), modules=["0"], logits=True)
+"""
+
+
+def test_the_layer_helper_against_a_native_capture(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    with capture(model, tmp_path / "baseline", level="module"):
+        model(torch.arange(16.0).reshape(2, 8) / 16)
+    pytester.makepyfile(test_layers=LAYERS_TEST)
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--golden-dir", str(tmp_path / "baseline")
+    )
+    result.assert_outcomes(passed=2)

@@ -161,6 +161,7 @@ def test_bad_precision_marker_fails_its_test(pytester: pytest.Pytester) -> None:
             assert_close_to_golden(1.0)
         """
     )
+    pytester.mkdir("g")
     result = pytester.runpytest("--golden-dir", "g", "--strict-markers")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(

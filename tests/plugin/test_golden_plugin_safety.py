@@ -199,10 +199,36 @@ def test_unusable_golden_dirs_are_usage_errors(
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
 
 
-def test_a_missing_golden_dir_says_so_once(pytester: pytest.Pytester) -> None:
+def test_a_missing_golden_dir_option_is_one_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_a=ONE_VALUE.format(value=1.0), test_b=ONE_VALUE.format(value=2.0))
     result = pytester.runpytest("--golden-dir", "nonexist")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: --golden-dir */nonexist does not exist: record the goldens*"]
+    )
+    assert "test_a" not in result.stdout.str()
+    assert not (pytester.path / "nonexist").exists()
+
+
+def test_a_missing_golden_dir_from_the_ini_says_so_once(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ngolden_dir = nonexist\n")
+    pytester.makepyfile(test_a=ONE_VALUE.format(value=1.0), test_b=ONE_VALUE.format(value=2.0))
+    result = pytester.runpytest()
     result.assert_outcomes(failed=2)
     lines = [line for line in result.stdout.lines if "does not exist: record the goldens" in line]
     assert len(lines) == 1
-    assert not (pytester.path / "nonexist").exists()
+
+
+def test_a_corrupt_golden_fails_in_a_few_lines_with_the_command_to_re_record(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_w=ONE_VALUE.format(value=1.0))
+    assert pytester.runpytest("--golden-dir", "g", "--golden-update").ret == 0
+    (pytester.path / "g/test_w.py/test_x.safetensors").write_bytes(b"garbage")
+    result = pytester.runpytest("--golden-dir", "g")
+    result.assert_outcomes(failed=1)
+    failure = result.stdout.str().split(" test_x ", 1)[1].split("golden comparisons")[0]
+    assert "corrupt golden file" in failure
+    assert "test_w.py::test_x --golden-dir g --golden-update" in failure
+    assert "_files.py" not in failure  # the reader's frames are not the user's problem
+    assert len(failure.strip().splitlines()) < 15

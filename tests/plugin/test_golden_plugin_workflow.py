@@ -60,6 +60,10 @@ def _summary(output: str) -> list[str]:
 
 
 def test_ci_workflow(model: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = model.runpytest("--golden-dir", "goldens")
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR  # one line at start-up, not per test
+    missing.stderr.fnmatch_lines(["ERROR: --golden-dir */goldens does not exist: record the*"])
+    (model.path / "goldens").mkdir()
     first = model.runpytest("--golden-dir", "goldens")
     first.assert_outcomes(failed=3, passed=1)
     first.stdout.fnmatch_lines(

@@ -10,4 +10,6 @@ cd "$(dirname "$0")/.."
 if [ -z "${PYTHON:-}" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
+# cuBLAS is deterministic (assert_deterministic's runs) only with this set before CUDA starts.
+export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
 exec timeout 290 "$PYTHON" benchmarks/device_check.py "$@"

@@ -33,7 +33,7 @@ from ..runtime._environment import ChecklistDiff, diff_environment
 from ._generation import Generation, as_batch, device_of
 from ._noise import estimate_noise
 from ._results import Diagnosis, DiagnosisStep, WeightChange
-from ._sides import Side, generation_path, path_line
+from ._sides import Side, fingerprints, generation_path, path_line
 from ._stop import NOISE_FACTOR, decide
 
 #: A diagnosis -> the HTML page's text (``pytest_precision.report.render_html``); the caller
@@ -237,7 +237,7 @@ def _checklist(
     if g.dtype != t.dtype:
         coarser = max(torch.finfo(g.dtype).eps, torch.finfo(t.dtype).eps)
         rtol = max(rtol, _WEIGHT_EPS * coarser)
-    weights = _weight_changes(g.fingerprint, t.fingerprint, rtol)
+    weights = _weight_changes(*fingerprints(g, t), rtol)
     names = ", ".join(w.name for w in weights[:5])
     steps.append(
         DiagnosisStep(

@@ -33,20 +33,12 @@ from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
 from ._recorded import RecordedTensors
 from ._records import GARBAGE_MEMORY
 from ._uninitialized import UninitializedMemory
-from ._writer import DumpWriter, summarize
+from ._writer import DumpWriter, private_copy, summarize
 
 Level = Literal["module", "op", "mix"]
 Mode = Literal["tensor", "statistics"]
 
 # fmt: on
-
-
-def _private_copy(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU copy that later in-place ops cannot change."""
-    t = t.detach().resolve_conj().resolve_neg()
-    if t.device.type == "cpu":
-        return t.clone(memory_format=torch.contiguous_format)
-    return t.to("cpu").contiguous()
 
 
 def _compile(patterns: tuple[str, ...] | None) -> re.Pattern[str] | None:
@@ -403,7 +395,7 @@ class Capture:
             return
         key = str(next(self._keys))
         if self.mode == "tensor":
-            writer.add_encoded(members, step, key=key, tensor=_private_copy(t))
+            writer.add_encoded(members, step, key=key, tensor=private_copy(t))
         else:
             writer.add_encoded(members, step, key=key, stats=summarize(t))
         self._recorded.remember(t, key)

@@ -3,7 +3,10 @@
 Capture hands over records in execution order; a background thread computes statistics of the
 tensor copies, packs them into safetensors shards of bounded size and appends the record index.
 The producer blocks while the bytes held in memory exceed a budget, so memory stays bounded
-however much a forward produces. ``close()`` writes ``rank.json`` (and, on rank 0, the manifest
+however much a forward produces. Tensors on an accelerator are reduced there and copied to the
+host asynchronously (``numerics._device_stats``): the producer hands over statistics and copies
+still on their way, and only this thread waits for them, so a capture does not synchronise the
+device per record. ``close()`` writes ``rank.json`` (and, on rank 0, the manifest
 with ``complete: true``) last and atomically: a dump cut short never looks complete.
 """
 
@@ -23,6 +26,7 @@ from safetensors.torch import load, save, save_file
 from .._atomic import atomic_write
 from .._errors import PrecisionError
 from .._version import __version__
+from ..numerics._device_stats import DeviceCopy, DeviceStats
 from ..numerics._stats import TensorStats, tensor_stats
 from ..runtime._devices import environment_fingerprint
 from ._native import json_members, json_text, numerics_settings, stats_json, write_json_atomic
@@ -59,17 +63,39 @@ def _summarizable(dtype: torch.dtype) -> bool:
     return True
 
 
-def summarize(t: torch.Tensor) -> TensorStats | None:
-    """Statistics of ``t``, or ``None`` for the few dtypes torch cannot reduce."""
+def reduced_on_device(t: torch.Tensor) -> bool:
+    """Whether ``t``'s statistics and copies are made on its device, asynchronously."""
+    return t.device.type != "cpu"
+
+
+def summarize(t: torch.Tensor) -> TensorStats | DeviceStats | None:
+    """Statistics of ``t`` (still on their way from an accelerator: :class:`DeviceStats`), or
+    ``None`` for the few dtypes torch cannot reduce."""
+    if reduced_on_device(t) and _summarizable(t.dtype):
+        return DeviceStats(t)
+    return host_stats(t)
+
+
+def host_stats(t: torch.Tensor) -> TensorStats | None:
+    """Statistics of a host tensor (a CPU one, or a copy the writer holds)."""
     return tensor_stats(t) if _summarizable(t.dtype) else None
+
+
+def private_copy(t: torch.Tensor) -> torch.Tensor | DeviceCopy:
+    """A contiguous host copy of ``t`` that later in-place ops cannot change: made at once on
+    CPU, started asynchronously from an accelerator (the writer waits for it)."""
+    t = t.detach().resolve_conj().resolve_neg()
+    if not reduced_on_device(t):
+        return t.clone(memory_format=torch.contiguous_format)
+    return DeviceCopy(t)
 
 
 @dataclass
 class _Item:
     members: str
     key: str | None = None
-    tensor: torch.Tensor | None = None
-    stats: TensorStats | None = None
+    tensor: torch.Tensor | DeviceCopy | None = None
+    stats: TensorStats | DeviceStats | None = None
     alias: str | None = None
     nbytes: int = 0
 
@@ -124,6 +150,10 @@ class DumpWriter:
         self._thread: threading.Thread | None = None
         self._index: TextIO | None = None
         self._lines: list[str] = []  # record lines not yet handed to the index file
+        #: Without the writer thread: records held back, in order, from the first one whose
+        #: statistics are still on their way from a device; written a batch at a time, so the
+        #: caller waits for the device once per batch, not once per record.
+        self._held: list[_Item | _Forget] = []
 
     # -- producer side ---------------------------------------------------------------------------
 
@@ -179,8 +209,8 @@ class DumpWriter:
         step: int,
         *,
         key: str | None = None,
-        tensor: torch.Tensor | None = None,
-        stats: TensorStats | None = None,
+        tensor: torch.Tensor | DeviceCopy | None = None,
+        stats: TensorStats | DeviceStats | None = None,
         alias: str | None = None,
     ) -> None:
         """:meth:`add` for a record whose fields are already JSON object members
@@ -189,9 +219,19 @@ class DumpWriter:
         self._raise_if_failed()
         self.steps.add(step)
         if self._thread is None:  # written in the caller's thread
-            self._write(members, key, tensor, stats, alias)
+            if not self._held and not isinstance(stats, DeviceStats):
+                self._write(members, key, tensor, stats, alias)
+                return
+            self._held.append(_Item(members, key, tensor, stats, alias))
+            if len(self._held) >= _LINES_PER_WRITE:
+                self._write_held()
             return
-        nbytes = 0 if tensor is None else tensor.numel() * tensor.element_size()
+        if tensor is None:
+            nbytes = 0
+        elif isinstance(tensor, DeviceCopy):
+            nbytes = tensor.nbytes
+        else:
+            nbytes = tensor.numel() * tensor.element_size()
         if nbytes:
             with self._pending_lock:
                 # A tensor larger than the whole budget still goes through, alone.
@@ -205,6 +245,8 @@ class DumpWriter:
         """No later record will alias ``key``: drop what was kept for that (bounded memory)."""
         if self._thread is not None:
             self._queue.put(_Forget(key))  # in order: after the records that alias it
+        elif self._held:
+            self._held.append(_Forget(key))
         elif self._index is not None:
             self._tails.pop(key, None)
 
@@ -221,6 +263,7 @@ class DumpWriter:
             self._thread.join()
             self._thread = None
         else:
+            self._write_held()
             self._flush_shard()
         self._write_lines()
         self._index.close()
@@ -270,31 +313,48 @@ class DumpWriter:
     def _run(self) -> None:
         try:
             while (item := self._queue.get()) is not _STOP:
-                if isinstance(item, _Forget):
-                    self._tails.pop(item.key, None)
-                    continue
-                assert isinstance(item, _Item)
-                self._write(item.members, item.key, item.tensor, item.stats, item.alias)
+                assert isinstance(item, (_Item, _Forget))
+                self._take(item)
             self._flush_shard()
         except BaseException as exc:  # reported to the producer on its next call
             self._error = exc
             with self._pending_lock:
                 self._pending_lock.notify_all()
 
+    def _take(self, item: _Item | _Forget) -> None:
+        if isinstance(item, _Forget):
+            self._tails.pop(item.key, None)
+        else:
+            self._write(item.members, item.key, item.tensor, item.stats, item.alias)
+
+    def _write_held(self) -> None:
+        held, self._held = self._held, []
+        pending = [
+            i.stats for i in held if isinstance(i, _Item) and isinstance(i.stats, DeviceStats)
+        ]
+        if pending:  # one wait for the batch: the earlier ones have arrived by then
+            pending[-1].wait()
+        for item in held:
+            self._take(item)
+
     def _write(
         self,
         members: str,
         key: str | None,
-        tensor: torch.Tensor | None,
-        stats: TensorStats | None,
+        tensor: torch.Tensor | DeviceCopy | None,
+        stats: TensorStats | DeviceStats | None,
         alias: str | None,
     ) -> None:
+        if isinstance(tensor, DeviceCopy):
+            tensor = tensor.wait()
+        if isinstance(stats, DeviceStats):
+            stats = stats.result()
         if alias is not None:
             tail = self._tails[alias]
         elif key is not None:
             data = None
             if tensor is not None:
-                stats = stats or summarize(tensor)
+                stats = stats or host_stats(tensor)
                 data = self._store(key, tensor)
             encoded = "null" if stats is None else stats_json(stats)
             location = "null" if data is None else json_text(data)

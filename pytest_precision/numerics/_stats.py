@@ -52,7 +52,7 @@ def _float64_copy(chunk: torch.Tensor) -> torch.Tensor:
     return buffer[: chunk.numel()].copy_(chunk)
 
 
-def _with_reduction_kernels(chunk: torch.Tensor) -> torch.Tensor:
+def with_reduction_kernels(chunk: torch.Tensor) -> torch.Tensor:
     """``chunk`` in a dtype torch can reduce (aminmax, sum), exactly: uint16/32 as int64."""
     if chunk.dtype in (torch.uint16, torch.uint32):
         return chunk.to(torch.int64)
@@ -78,7 +78,23 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         total, sq_total, lo, hi, nan, posinf, neginf = _stats_pass.stats(t)
     else:
         total, sq_total, lo, hi, nan, posinf, neginf = _torch_stats(t)
-    finite_count = t.numel() - nan - posinf - neginf  # real components, for complex tensors
+    return from_sums(numel, t.numel(), total, sq_total, lo, hi, nan, posinf, neginf)
+
+
+def from_sums(
+    numel: int,
+    components: int,
+    total: float,
+    sq_total: float,
+    lo: float,
+    hi: float,
+    nan: int,
+    posinf: int,
+    neginf: int,
+) -> TensorStats:
+    """:class:`TensorStats` of a tensor of ``numel`` elements (``components`` real values: twice
+    as many for a complex one) from the sums, extremes and counts of a pass over it."""
+    finite_count = components - nan - posinf - neginf
     if finite_count == 0:
         return TensorStats(math.nan, math.nan, math.nan, math.nan, nan, posinf, neginf, numel)
     return TensorStats(
@@ -102,7 +118,7 @@ def _torch_stats(t: torch.Tensor) -> tuple[float, float, float, float, int, int,
     nan = posinf = neginf = 0
     floating = t.is_floating_point()
     for chunk in iter_flat_chunks(t):
-        chunk = _with_reduction_kernels(chunk)
+        chunk = with_reduction_kernels(chunk)
         c64 = _float64_copy(chunk)
         c_total = float(c64.sum())
         # A float64 sum of finite values is finite unless float64 itself overflows, so the

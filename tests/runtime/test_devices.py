@@ -137,6 +137,7 @@ def test_seed_queued_before_is_replayed_when_initialized_meanwhile(
     assert fake.states == ["seeded 3", "seeded 3"]
 
 
+@pytest.mark.device
 @needs_cuda
 def test_real_cuda_seeds_and_restores() -> None:
     cuda = get_backend("cuda")

@@ -205,6 +205,7 @@ def test_a_single_op_bug_with_clean_inputs_is_convicted_in_statistics(
         assert "output statistics beyond one rounding" in d.reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("variant", "case"), NOISE)
 def test_another_correct_implementation_is_not_convicted(
     golden: Callable[[str], Dump], variant: str, case: str, tmp_path: Path

@@ -23,8 +23,9 @@ The bound, per statistic, for a tensor ``y`` of ``n`` elements in a dtype of uni
   most the mean element change (``sum |y_i| / n <= rms`` by Cauchy-Schwarz); the norm by at
   most the norm of the change (``||(|y_i| + rms)|| <= 2 ||y||``);
 - the statistics themselves are sums: computed in a dtype of unit roundoff ``u_s`` (float64 in
-  native dumps, the tensor's dtype in msprobe's) by a tree or cascade reduction, each mean and
-  norm carries ``REDUCTION_ROUNDINGS * u_s * log2(n)`` of its own, on both sides.
+  native dumps, the tensor's dtype in msprobe's) by a tree or cascade reduction (torch's), each
+  side's sum is off by up to ``u_s * log2(n)`` of its terms' magnitude: the two means may differ
+  by ``2 u_s (log2(n) + 1)`` of the RMS, the two norms by ``u_s (log2(n) + 3)`` of the norm.
 
 Each bound is a worst case (every element's rounding aligned); a changed formula moves the
 statistics systematically, correct implementations move them like a random walk, far inside.
@@ -113,7 +114,11 @@ def one_rounding(
     summing = REDUCTION_ROUNDINGS * u * max(terms - 1, 0)  # relative to |y_i|
     spread = REDUCTION_ROUNDINGS * u * terms_norm if math.isfinite(terms_norm) else math.inf
     n = max(golden.numel, 1)
-    summed = 2 * REDUCTION_ROUNDINGS * unit_roundoff(stats_dtype) * max(1.0, math.log2(n))
+    # each side's tree sum is off by u_s log2(n) of its terms (here |y_i| <= rms, y_i^2), a
+    # mean by one more rounding (the division), a norm by half its sum's plus the squares'
+    # and the square root's
+    u_s, depth = unit_roundoff(stats_dtype), math.log2(n)
+    mean_sum, norm_sum = 2 * u_s * (depth + 1), u_s * (depth + 3)
     # near zero a value is rounded to a multiple of the smallest subnormal, not relatively
     underflow = ELEMENT_ROUNDINGS * torch.finfo(dtype).tiny * u
     norm = max(golden.norm, target.norm)
@@ -125,12 +130,12 @@ def one_rounding(
         return (own * (value + rms) + summing * value + spread + underflow) / getattr(scales, name)
 
     # sum |y_i| / n <= rms and ||(|y_i| + rms)|| <= 2 ||y||
-    sums = 2 * own + summing + summed
+    element = 2 * own + summing
     return OneRounding(
         max=extreme("max"),
         min=extreme("min"),
-        mean=(sums * rms + spread / math.sqrt(n) + underflow) / scales.mean,
-        norm=(sums * norm + spread + underflow) / scales.norm,
+        mean=((element + mean_sum) * rms + spread / math.sqrt(n) + underflow) / scales.mean,
+        norm=((element + norm_sum) * norm + spread + underflow) / scales.norm,
     )
 
 

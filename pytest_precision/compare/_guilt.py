@@ -334,11 +334,15 @@ def hides_collectives(calls: Sequence[Call]) -> bool:
 def failing_inputs(
     golden: Call, target: Call, inputs: list[RecordComparison]
 ) -> Iterator[tuple[RecordComparison, Record, Record | None]]:
-    """The inputs that fail, each with its target record and the golden's (if recorded)."""
+    """The inputs that fail, each with its target record and the golden's (if recorded). An
+    argument only the golden passes (``approximate="tanh"`` the target leaves out) stands for
+    itself: the target ran with the default instead."""
     records = {r.slot: r for r in target.records}
     golden_records = {r.slot: r for r in golden.records}
     for r in inputs:
         record = records.get(r.slot)
+        if record is None and (only_golden := golden_records.get(r.slot)) is not None:
+            record = None if only_golden.is_tensor else only_golden
         if r.failed and record is not None:
             yield r, record, golden_records.get(r.slot)
 

@@ -18,7 +18,9 @@ from ..numerics._comparison import TensorComparison, resolve_standard
 from ..numerics._dtypes import dtype_from_name, dtype_name
 from ..numerics._standards import Standard, StandardName
 from ..numerics._stats import TensorStats
+from ..numerics._stats_rounding import StatScales
 from ._measurements import Measurements
+from ._one_rounding import judge_one_rounding
 from ._precision import RunPrecision
 from ._provenance import ALLOCATIONS, Provenance
 from ._results import RecordComparison, StatsComparison, Status, is_input
@@ -62,6 +64,7 @@ class RecordComparer:
         for g in golden_slots.values():
             out.append(_row(golden, target, g.slot, "fail", "only the golden has this slot", g))
         out = self._skip_uninitialized(target, out)
+        out = judge_one_rounding(golden, target, out, stats_in_float64=self.exact_weight_stats)
         outputs = [r for r in out if r.slot.startswith("output")]
         if outputs and not any(r.failed for r in outputs):
             identical = all(r.error_level == 0.0 for r in outputs)
@@ -222,8 +225,7 @@ def _row(
 
 
 def _stats_difference(golden: TensorStats, target: TensorStats) -> StatsComparison:
-    rms = golden.norm / math.sqrt(golden.numel) if golden.numel else 0.0
-    scale = rms if rms > 0 and math.isfinite(rms) else 1.0
+    scales = StatScales.of(golden)
 
     def relative(a: float, b: float, denominator: float) -> float:
         # an overflowing reduction (msprobe sums in the tensor's dtype) is the same overflow
@@ -238,16 +240,12 @@ def _stats_difference(golden: TensorStats, target: TensorStats) -> StatsComparis
         target.neginf_count,
     )
     return StatsComparison(
-        max_diff=relative(target.max, golden.max, _at_least(abs(golden.max), scale)),
-        min_diff=relative(target.min, golden.min, _at_least(abs(golden.min), scale)),
-        mean_diff=relative(target.mean, golden.mean, scale),
-        norm_diff=relative(target.norm, golden.norm, golden.norm if golden.norm > 0 else 1.0),
+        max_diff=relative(target.max, golden.max, scales.max),
+        min_diff=relative(target.min, golden.min, scales.min),
+        mean_diff=relative(target.mean, golden.mean, scales.mean),
+        norm_diff=relative(target.norm, golden.norm, scales.norm),
         non_finite_differs=non_finite,
     )
-
-
-def _at_least(value: float, floor: float) -> float:
-    return value if value > floor and math.isfinite(value) else floor
 
 
 def _non_finite(stats: TensorStats) -> str:

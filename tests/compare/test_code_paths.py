@@ -161,6 +161,31 @@ def test_dynamic_against_static_cache_names_no_culprit(
     _no_culprit(*judged_in_shards(golden, target), level)
 
 
+def test_generate_with_a_static_cache_names_no_culprit(tmp_path: Path) -> None:
+    """Three new tokens (the prefill and two decode steps), one step per forward."""
+    model = _model("llama")
+    model.generation_config.use_cache = True
+    ids = inputs()["input_ids"]
+    tokens, dumps = [], []
+    for static in (False, True):
+        path = tmp_path / ("static" if static else "dynamic")
+        with torch.no_grad(), capture(model, path, step_per_forward=True):
+            tokens.append(
+                model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=3,
+                    do_sample=False,
+                    **_cache(model, static),
+                )
+            )
+        dumps.append(path)
+    assert torch.equal(*tokens)
+    result, culprits = judged_in_shards(*dumps)
+    assert len({r.step for r in result.records}) == 3  # the third token needs no forward
+    _no_culprit(result, culprits, "mix")
+
+
 def test_a_bug_with_a_static_cache_is_convicted_at_its_layer(tmp_path: Path) -> None:
     """The padded attention of a static cache is code only one run has; a softmax scale off
     in layer 1 is still found there."""

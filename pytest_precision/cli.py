@@ -47,8 +47,9 @@ def _add_compare(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         description="Align the calls of two dumps (native or msprobe), compare every record and "
         "report the first divergence: the call, its module and layer, and why it is guilty. "
         "Exit status: 0 no divergence, 1 a divergence, an incomplete comparison (steps or "
-        "ranks only one dump has) or an inconclusive one (drifting calls that could not be "
-        "rerun), 2 an error.",
+        "ranks only one dump has), an inconclusive one (drifting calls that could not be "
+        "rerun) or dumps of different models (parameters that differ in name or shape), "
+        "2 an error.",
     )
     compare.add_argument("golden", metavar="GOLDEN", help="the reference dump")
     compare.add_argument("target", metavar="TARGET", help="the dump under test")

@@ -4,8 +4,10 @@ Calls are aligned by what they are, not by their names: one extra op in the targ
 later call counter (``Functional.linear.7`` becomes ``.8``), which must not turn into dozens of
 false differences. A call's signature is its kind, its op (dunders stripped: ``x @ w`` is
 ``Tensor.matmul`` in our captures and ``Tensor.__matmul__`` in msprobe's), its module when both
-dumps record one (so that neighbouring ops of the same kind in different modules do not pair)
-and the shapes of its outputs (a fused QKV projection does not pair with ``q_proj``'s).
+dumps record one (so that neighbouring ops of the same kind in different modules do not pair),
+the shapes of its outputs (a fused QKV projection does not pair with ``q_proj``'s) and, for an
+op, the shapes of its tensor inputs (a reshape of the keys does not pair with a reshape of the
+attention's output).
 """
 
 from __future__ import annotations
@@ -38,10 +40,22 @@ def align(
 def signature(call: Call, with_module: bool, with_dtypes: bool = False) -> Hashable:
     op = call.op[2:-2] if call.op.startswith("__") and call.op.endswith("__") else call.op
     module = call.module if call.kind == "Module" or with_module else None
-    shapes = tuple(r.shape for r in call.outputs if r.is_tensor)
+    # a module is its path: what it returns may differ (attention weights an SDPA kernel
+    # does not return, a static cache's keys over its padded length)
+    shapes = () if call.kind == "Module" else tuple(r.shape for r in call.outputs if r.is_tensor)
     casts = with_dtypes and op in _CASTS
     dtypes = tuple(r.dtype for r in call.outputs if r.is_tensor) if casts else ()
-    return call.kind, op, module, shapes, dtypes
+    return call.kind, op, module, shapes, dtypes, _input_shapes(call)
+
+
+def _input_shapes(call: Call) -> tuple[tuple[int, ...], ...]:
+    """An op's tensor input shapes, in any order (a keyword on one side may be positional on
+    the other): a matmul over a static cache's padded length, or a reshape of another tensor,
+    is another computation whose output has the same shape. A module is its path: its
+    inputs may differ too (a mask one attention implementation does not take)."""
+    if call.kind == "Module":
+        return ()
+    return tuple(sorted(r.shape or () for r in call.inputs if r.is_tensor))
 
 
 #: Ops that change a dtype: with ``with_dtypes`` their output dtype is part of what they are.

@@ -25,10 +25,11 @@ from ._alignment import Segment, align, lockstep
 from ._growth import error_growth
 from ._guilt import GuiltJudge
 from ._measurements import Measurements
+from ._models import model_mismatch
 from ._precision import RunPrecision
 from ._provenance import Provenance, uninitialized_inputs
 from ._records import RecordComparer
-from ._results import DumpComparison, UnmatchedCall, is_input
+from ._results import DumpComparison, ModelMismatch, UnmatchedCall, is_input
 
 
 def compare_dumps(
@@ -89,6 +90,11 @@ class AlignedDumps:
             )
 
     @cached_property
+    def model_mismatch(self) -> ModelMismatch | None:
+        """Set when the dumps are of different models (see :func:`model_mismatch`)."""
+        return model_mismatch(self.golden.calls, self.target.calls)
+
+    @cached_property
     def matched(self) -> list[tuple[Call, Call]]:
         return [(g, t) for pairs, _ in self.segments.values() for g, t in pairs if g is not None]
 
@@ -122,6 +128,10 @@ def walk(
 ) -> DumpComparison:
     """Walk the aligned calls in judging order, compare every record and judge guilt.
     Tensors are read only through ``measurements``: none, where they were measured before."""
+    if aligned.model_mismatch is not None:
+        return DumpComparison(
+            aligned.golden, aligned.target, [], None, different_models=aligned.model_mismatch
+        )
     segments = aligned.segments
     target_calls = [t for _, t in aligned.matched]
     provenance = Provenance(target_calls)

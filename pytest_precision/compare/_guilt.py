@@ -22,7 +22,7 @@ from ._alignment import completion_order
 from ._outputs import OutputJudge, divergence
 from ._provenance import Provenance, home, join
 from ._records import RecordComparer
-from ._results import Cause, Divergence, RecordComparison, is_input, layer_of
+from ._results import Cause, Divergence, RecordComparison, evidence, is_input, layer_of
 
 
 class GuiltJudge:
@@ -133,7 +133,7 @@ class GuiltJudge:
         own outputs, or (without module records) the outputs of the last call inside it."""
         suspicion = self.pending.pop(key)
         leaving = self._last_outputs(key, self.last_in.get(key)) if outputs is None else outputs
-        differing = [r for r in leaving if self.outputs.code_difference(r)]
+        differing = [r for r in evidence(leaving) if self.outputs.code_difference(r)]
         if differing:
             worst = max(differing, key=lambda r: r.error_level)
             reason = (
@@ -188,7 +188,7 @@ class GuiltJudge:
             self.provenance.note_noise(target, inputs, compared)
             return None
         if target.kind == "Module" and self.provenance.op_level:
-            return self._judge_module(golden, target, inputs, failing)
+            return self._judge_module(golden, target, inputs, failing, outputs)
         return self.outputs.judge(golden, target, inputs, failing, received)
 
     def _judge_module(
@@ -197,6 +197,7 @@ class GuiltJudge:
         target: Call,
         inputs: list[RecordComparison],
         failing: list[RecordComparison],
+        outputs: list[RecordComparison],
     ) -> Divergence | None:
         """The ops inside were judged one by one and none was guilty; but if the module
         received exactly the golden's inputs and weights and what leaves it differs beyond
@@ -205,7 +206,10 @@ class GuiltJudge:
         module that qualifies is the innermost."""
         if self.provenance.received_level(target, inputs) > 0.0:
             return None
-        dirty = [r for r in failing if self.outputs.code_difference(r)]
+        alike = any(not r.incomparable for r in outputs)
+        dirty = [
+            r for r in evidence(failing, alike_elsewhere=alike) if self.outputs.code_difference(r)
+        ]
         if not dirty:
             return None
         worst = max(dirty, key=lambda r: r.error_level)

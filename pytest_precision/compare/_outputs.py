@@ -16,7 +16,15 @@ from ..numerics._dtypes import dtype_from_name
 from ._measurements import Measurements
 from ._precision import RunPrecision
 from ._provenance import Provenance
-from ._results import Cause, Divergence, RecordComparison, Rule, StatsComparison, layer_of
+from ._results import (
+    Cause,
+    Divergence,
+    RecordComparison,
+    Rule,
+    StatsComparison,
+    evidence,
+    layer_of,
+)
 
 #: A drifting call that cannot be rerun is suspected only when its output's error level exceeds
 #: this many times its inputs'. Rounding noise amplifies less: bf16 and fp16 runs of the tiny
@@ -100,10 +108,12 @@ class OutputJudge:
         """The culprit if a call that cannot be rerun and received exactly the golden's inputs
         put out more than rounding. A module holds many roundings: one rounding's envelope
         would convict a fused kernel inside it, so a module must differ by more than
-        reordered rounding."""
+        reordered rounding. An output the runs do not put out alike (another shape) is the
+        other code's, when another output is alike (:func:`evidence`)."""
+        passing = {r.slot for r in target.outputs} - {r.slot for r in failing}
         beyond = [
             r
-            for r in failing
+            for r in evidence(failing, alike_elsewhere=bool(passing))
             if (
                 self.code_difference(r)
                 if target.kind == "Module"
@@ -149,28 +159,13 @@ class OutputJudge:
         return self.measurements.beyond_rounding(g, t, r.metrics.dtype)
 
     def code_difference(self, r: RecordComparison) -> bool:
-        """A failing output that differs by more than reordered rounding (relative RMS error;
-        the largest statistic's difference without data). Equivalent rewrites (a fused kernel,
-        another op order) stay far below it."""
-        if not r.failed:
-            return False
-        if not isinstance(r.metrics, (TensorComparison, StatsComparison)):
-            return True
-        level = (
-            r.metrics.largest_difference
-            if isinstance(r.metrics, StatsComparison)
-            else r.error_level
-        )
-        return level > REORDERED_ROUNDING.get(self._dtype(r), REORDERED_ROUNDING[torch.float32])
+        """A failing output that differs by more than reordered rounding (see
+        :func:`code_difference`)."""
+        return code_difference(r, self.precision)
 
     def gross_limit(self, r: RecordComparison) -> float:
         """The gross-error limit of the dtype ``r`` is judged in."""
-        return GROSS.get(self._dtype(r), GROSS[torch.float32])
-
-    def _dtype(self, r: RecordComparison) -> torch.dtype:
-        golden = dtype_from_name(r.golden_dtype or r.target_dtype or "float32")
-        target = dtype_from_name(r.target_dtype or r.golden_dtype or "float32")
-        return self.precision.judging_dtype(golden, target)
+        return GROSS.get(judged_in(r, self.precision), GROSS[torch.float32])
 
     def _slipped(self, r: RecordComparison) -> bool:
         """A floating dtype the run's precision does not explain (bf16 in an fp32 run)."""
@@ -179,6 +174,28 @@ class OutputJudge:
         golden, target = dtype_from_name(r.golden_dtype), dtype_from_name(r.target_dtype)
         floating = golden.is_floating_point and target.is_floating_point
         return floating and not self.precision.expects(golden, target)
+
+
+def code_difference(r: RecordComparison, precision: RunPrecision) -> bool:
+    """A failing output that differs by more than reordered rounding (relative RMS error;
+    the largest statistic's difference without data). Equivalent rewrites (a fused kernel,
+    another op order) stay far below it."""
+    if not r.failed:
+        return False
+    if not isinstance(r.metrics, (TensorComparison, StatsComparison)):
+        return True
+    level = (
+        r.metrics.largest_difference if isinstance(r.metrics, StatsComparison) else r.error_level
+    )
+    limit = REORDERED_ROUNDING.get(judged_in(r, precision), REORDERED_ROUNDING[torch.float32])
+    return level > limit
+
+
+def judged_in(r: RecordComparison, precision: RunPrecision) -> torch.dtype:
+    """The dtype a record pair is judged in: the lower precision of the two."""
+    golden = dtype_from_name(r.golden_dtype or r.target_dtype or "float32")
+    target = dtype_from_name(r.target_dtype or r.golden_dtype or "float32")
+    return precision.judging_dtype(golden, target)
 
 
 def divergence(

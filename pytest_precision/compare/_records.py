@@ -21,12 +21,17 @@ from ..numerics._stats import TensorStats
 from ..numerics._stats_rounding import StatScales
 from ._measurements import Measurements
 from ._one_rounding import judge_one_rounding
+from ._outputs import code_difference, judged_in
 from ._precision import RunPrecision
 from ._provenance import ALLOCATIONS, Provenance
-from ._results import RecordComparison, StatsComparison, Status, is_input
+from ._results import RecordComparison, StatsComparison, Status, evidence, is_input
 
 #: Weights of a run that keeps its dtypes: their statistics agree up to summation order.
 _SAME_SUM = 1e-12
+
+#: An output whose error level is within this factor of its inputs' passed their error on
+#: (a reshape's output holds its input's values: the same level, up to summation order).
+_CARRIED = 1.0 + 1e-9
 
 
 class RecordComparer:
@@ -62,14 +67,49 @@ class RecordComparer:
             g = golden_slots.pop(t.slot, None)
             out.append(self.compare_record(golden, target, g, t))
         for g in golden_slots.values():
-            out.append(_row(golden, target, g.slot, "fail", "only the golden has this slot", g))
+            row = _row(golden, target, g.slot, "fail", "only the golden has this slot", g)
+            out.append(replace(row, incomparable=True))
         out = self._skip_uninitialized(target, out)
         out = judge_one_rounding(golden, target, out, stats_in_float64=self.exact_weight_stats)
-        outputs = [r for r in out if r.slot.startswith("output")]
-        if outputs and not any(r.failed for r in outputs):
-            identical = all(r.error_level == 0.0 for r in outputs)
-            out = [_equivalent_spelling(r, identical) for r in out]
+        if any(_argument_difference(r) for r in out) and self._same_call(out, target.kind):
+            out = [_spelling(r) if _argument_difference(r) else r for r in out]
         return out
+
+    def _same_call(self, compared: list[RecordComparison], kind: str) -> bool:
+        """Whether arguments that differ (not tensors on both sides) spell the same call
+        another way. The values decide: the outputs are identical; or they pass and the
+        differences are defaults one side spells out (msprobe does not record
+        ``_stacklevel``); or each output adds nothing of its own to what the call received
+        (:meth:`_adds_nothing`: a reshape's ``-1`` for ``4`` passes on the drift of an
+        attention computed another way). An eps or a scale that moves the output beyond that
+        is a value, not a spelling."""
+        outputs = evidence([r for r in compared if r.slot.startswith("output")])
+        if not outputs:
+            return False
+        if all(r.error_level == 0.0 for r in outputs):
+            return True
+        differing = [r for r in compared if _argument_difference(r)]
+        if not any(r.failed for r in outputs) and all(_one_sided(r) for r in differing):
+            return True
+        received = max(
+            (r.error_level for r in compared if is_input(r.slot) and r.metrics is not None),
+            default=0.0,
+        )
+        module = kind == "Module"
+        return all(self._adds_nothing(r, received, module=module) for r in outputs)
+
+    def _adds_nothing(self, r: RecordComparison, received: float, *, module: bool) -> bool:
+        """An output no further from the golden's than its call's inputs are from theirs
+        (``received``: their largest error level; 0 when they match), or than two roundings
+        of its dtype (two machines rounding the same value); a module's, than reordered
+        rounding (it holds many roundings, and an attention that takes no mask is another
+        implementation of the same layer)."""
+        level = r.error_level
+        if r.status == "skip" or level == 0.0 or level <= received * _CARRIED:
+            return True
+        if module:
+            return not code_difference(r, self.precision)
+        return level <= torch.finfo(judged_in(r, self.precision)).eps
 
     def _skip_uninitialized(
         self, target: Call, out: list[RecordComparison]
@@ -90,14 +130,16 @@ class RecordComparer:
     ) -> RecordComparison:
         """One slot: ``g`` is the golden's record of it, if the golden has one."""
         if g is None:
-            return _row(golden, target, t.slot, "fail", "only the target has this slot", t=t)
+            row = _row(golden, target, t.slot, "fail", "only the target has this slot", t=t)
+            return replace(row, incomparable=True)
         memory = next((m for m in (t.memory, g.memory) if m in GARBAGE_MEMORY), None)
         if memory is not None:  # garbage on one side: not data
             reason = f"uninitialized memory ({memory} since an empty* allocation)"
             return _row(golden, target, t.slot, "skip", reason, g, t)
         if not (g.is_tensor and t.is_tensor):
             if g.is_tensor or t.is_tensor:
-                return _row(golden, target, t.slot, "fail", "a tensor on one side only", g, t)
+                row = _row(golden, target, t.slot, "fail", "a tensor on one side only", g, t)
+                return replace(row, incomparable=True)
             return self._compare_values(golden, target, g, t)
         if g.shape != t.shape:
             sizes = (math.prod(g.shape or ()), math.prod(t.shape or ()))
@@ -105,7 +147,8 @@ class RecordComparer:
                 # vLLM CPU hands a bf16 linear's weight to oneDNN and leaves an empty parameter
                 reason = "an empty parameter on one side (its weights packed elsewhere)"
                 return _row(golden, target, t.slot, "skip", reason, g, t)
-            return _row(golden, target, t.slot, "fail", f"shape {t.shape} vs {g.shape}", g, t)
+            row = _row(golden, target, t.slot, "fail", f"shape {t.shape} vs {g.shape}", g, t)
+            return replace(row, incomparable=True)
         g_dtype, t_dtype = dtype_from_name(g.dtype), dtype_from_name(t.dtype)
         dtype = self.precision.judging_dtype(g_dtype, t_dtype)
         weight = (
@@ -184,15 +227,17 @@ class RecordComparer:
         return _row(golden, target, t.slot, verdict, reason, g, t, stats)
 
 
-def _equivalent_spelling(r: RecordComparison, identical: bool) -> RecordComparison:
-    """A non-tensor argument of a call whose outputs match: one side spelling out a default
-    (the outputs pass), or another way to write the same call (``transpose(2, 3)`` for
-    ``(-1, -2)``: the outputs are identical; an eps of 1e-5 for 1e-6 changes them a little)."""
-    if not (r.failed and is_input(r.slot) and r.golden_dtype is None and r.target_dtype is None):
-        return r
-    one_sided = r.reason.startswith("only the")
-    if not (one_sided or identical):
-        return r
+def _argument_difference(r: RecordComparison) -> bool:
+    """A failing argument that is not a tensor on both sides: another value, a slot only one
+    side has, a tensor where the other side passes None (a mask)."""
+    return r.failed and is_input(r.slot) and (r.golden_dtype is None or r.target_dtype is None)
+
+
+def _one_sided(r: RecordComparison) -> bool:
+    return r.reason.startswith("only the")
+
+
+def _spelling(r: RecordComparison) -> RecordComparison:
     return replace(r, status="warn", reason=f"{r.reason} (the outputs match: the same call)")
 
 

@@ -87,6 +87,9 @@ class RecordComparison:
     target_dtype: str | None = None
     shape: tuple[int, ...] | None = None
     metrics: TensorComparison | StatsComparison | None = None
+    #: not compared element by element: tensors of different shapes, a tensor on one side
+    #: only, a slot only one side has
+    incomparable: bool = False
 
     @property
     def error_level(self) -> float:
@@ -209,6 +212,41 @@ class UnmatchedCall:
     step: int
 
 
+@dataclass(frozen=True)
+class ParameterDifference:
+    """A module parameter the two dumps disagree on: ``golden_shape`` or ``target_shape`` is
+    None where only the other dump has it."""
+
+    name: str
+    rank: int
+    golden_shape: tuple[int, ...] | None
+    target_shape: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class ModelMismatch:
+    """The dumps are of different models: ``differing`` of the ``compared`` parameters (by
+    rank and name, in either dump) are on one side only or of another shape."""
+
+    differing: tuple[ParameterDifference, ...]
+    compared: int
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready: the counts and every differing parameter."""
+        return {
+            "compared": self.compared,
+            "differing": [
+                {
+                    "name": d.name,
+                    "rank": d.rank,
+                    "golden_shape": None if d.golden_shape is None else list(d.golden_shape),
+                    "target_shape": None if d.target_shape is None else list(d.target_shape),
+                }
+                for d in self.differing
+            ],
+        }
+
+
 @dataclass
 class DumpComparison:
     """The result of :func:`compare_dumps`."""
@@ -227,6 +265,9 @@ class DumpComparison:
     #: set when, at a later decode step, the model's inputs differ although every earlier call
     #: was innocent: generation took another token (the steps after it are not judged)
     inputs_diverged: Divergence | None = None
+    #: set when the dumps are of different models (their parameters differ in name or
+    #: shape beyond a few): nothing was judged
+    different_models: ModelMismatch | None = None
 
     @property
     def complete(self) -> bool:
@@ -234,10 +275,15 @@ class DumpComparison:
         return self.matched_calls > 0 and not self.one_sided
 
     @property
-    def verdict(self) -> Literal["pass", "divergence", "inconclusive", "incomplete"]:
-        """``divergence``: a call is guilty; ``incomplete``: steps, ranks or every call of one
+    def verdict(
+        self,
+    ) -> Literal["pass", "divergence", "inconclusive", "incomplete", "different-models"]:
+        """``different-models``: the dumps are of different models (nothing judged);
+        ``divergence``: a call is guilty; ``incomplete``: steps, ranks or every call of one
         dump had no counterpart; ``inconclusive``: records differ and some drifting calls could
         not be rerun to clear them; ``pass`` otherwise (identical, or noise)."""
+        if self.different_models is not None:
+            return "different-models"
         if self.first_divergence is not None:
             return "divergence"
         if not self.complete:
@@ -256,6 +302,19 @@ class DumpComparison:
         for record in self.records:
             out[record.status] += 1
         return out
+
+
+def evidence(
+    outputs: list[RecordComparison], *, alike_elsewhere: bool = False
+) -> list[RecordComparison]:
+    """What leaves a module that tells whether it computes what the golden's does: the
+    outputs the two runs put out alike (same slot, tensor and shape), when there are any among
+    ``outputs`` or elsewhere (``alike_elsewhere``: an output not given here is). An output of
+    another shape or on one side only (a static cache's keys over its padded length, attention
+    weights a fused kernel does not return) is the other code's, not evidence."""
+    if alike_elsewhere or any(not r.incomparable for r in outputs):
+        return [r for r in outputs if not r.incomparable]
+    return outputs
 
 
 def is_input(slot: str) -> bool:

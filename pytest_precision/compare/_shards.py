@@ -103,6 +103,8 @@ class ShardedComparison:
         tensors of the shard's calls."""
         records: list[RecordComparison] = []
         culprits: list[Divergence] = []
+        if self.aligned.model_mismatch is not None:  # dumps of different models: no culprit
+            return ShardResult(shard, records, self.measurements.payload(), culprits)
         judge = self._own_guilt.in_shard()
         for golden, target in self.pairs(shard):
             rows = self._comparer.compare_call(golden, target)

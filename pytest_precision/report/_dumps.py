@@ -18,6 +18,8 @@ if TYPE_CHECKING:
         DumpComparison,
         ErrorGrowth,
         LayerError,
+        ModelMismatch,
+        ParameterDifference,
         RecordComparison,
     )
 
@@ -39,6 +41,8 @@ def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
         f"records: {len(result.records)} compared: "
         + ", ".join(f"{n} {status}" for status, n in result.counts().items()),
     ]
+    if result.different_models is not None:
+        return shown_text("\n".join([*lines, _different_models(result.different_models)]))
     lines += _incomplete(result)
     divergence = result.first_divergence
     lines += _divergence_lines(divergence) if divergence else [_no_divergence(result)]
@@ -50,6 +54,26 @@ def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
         lines.append(f"worst calls ({min(worst, len(failing))} of {len(failing)} with failures):")
         lines += [f"  {_record_line(r)}" for r in failing[:worst]]
     return shown_text("\n".join(lines))
+
+
+def _different_models(mismatch: ModelMismatch) -> str:
+    """One line: the dumps are of different models, and a few parameters that say so."""
+    shown_ones = [_parameter(d) for d in mismatch.differing[:_SHOWN_UNMATCHED]]
+    more = len(mismatch.differing) - len(shown_ones)
+    examples = "; ".join(shown_ones) + (f"; +{more} more" if more > 0 else "")
+    return (
+        f"not the same model: {len(mismatch.differing)} of {mismatch.compared} parameters "
+        f"differ in name or shape ({examples}); no call was judged"
+    )
+
+
+def _parameter(d: ParameterDifference) -> str:
+    rank = f" (rank {d.rank})" if d.rank else ""
+    if d.golden_shape is None:
+        return f"{shown(d.name)}{rank} only in the target"
+    if d.target_shape is None:
+        return f"{shown(d.name)}{rank} only in the golden"
+    return f"{shown(d.name)}{rank} {d.target_shape} vs {d.golden_shape}"
 
 
 def _incomplete(result: DumpComparison) -> list[str]:
@@ -208,6 +232,9 @@ def write_dump_comparison_json(result: DumpComparison, path: Path) -> None:
         "matched_calls": result.matched_calls,
         "first_divergence": _divergence_dict(result.first_divergence),
         "inputs_diverged": _divergence_dict(result.inputs_diverged),
+        "different_models": (
+            None if result.different_models is None else result.different_models.to_dict()
+        ),
         "one_sided": [
             {"side": side, "step": step, "rank": rank, "calls": calls}
             for side, step, rank, calls in result.one_sided

@@ -23,6 +23,7 @@ from ._outputs import OutputJudge, divergence
 from ._provenance import Provenance, home, join
 from ._records import RecordComparer
 from ._results import Cause, Divergence, RecordComparison, is_input, layer_of
+from ._stomps import Stomps
 
 
 class GuiltJudge:
@@ -41,6 +42,7 @@ class GuiltJudge:
         self.records = records
         self.provenance = provenance
         self.outputs = OutputJudge(records.precision, provenance, records.measurements)
+        self.stomps = Stomps(provenance, target_calls)
         #: steps in which some record failed (a later step's new token ids are then no source)
         self.failing_steps: set[int] = set()
         self.first_step = min((c.step for c in target_calls), default=0)
@@ -166,6 +168,10 @@ class GuiltJudge:
     def _verdict(
         self, golden: Call, target: Call, compared: list[RecordComparison], received: float
     ) -> Divergence | None:
+        for r, record, golden_record in failing_records(golden, target, compared):
+            stomp = self.stomps.find(golden, target, r, record, golden_record)
+            if stomp is not None:  # what the call read or put out was changed behind its back
+                return stomp
         for r in compared:
             if r.slot.startswith("parameters"):
                 if r.failed:
@@ -228,7 +234,7 @@ class GuiltJudge:
     ) -> Divergence | None:
         """An input that differs: from nowhere (a source), from code only the target runs
         (judged at its module's output), or from another call than in the golden (wiring)."""
-        for r, record, golden_record in failing_inputs(golden, target, inputs):
+        for r, record, golden_record in failing_records(golden, target, inputs):
             producers = self.provenance.producers(target.rank, record)
             expected = self.provenance.golden_producers(golden.rank, golden_record)
             stranger = (
@@ -331,13 +337,13 @@ def hides_collectives(calls: Sequence[Call]) -> bool:
     return len({c.rank for c in calls}) > 1 and not any(c.collective for c in calls)
 
 
-def failing_inputs(
-    golden: Call, target: Call, inputs: list[RecordComparison]
+def failing_records(
+    golden: Call, target: Call, compared: list[RecordComparison]
 ) -> Iterator[tuple[RecordComparison, Record, Record | None]]:
-    """The inputs that fail, each with its target record and the golden's (if recorded)."""
+    """The records that fail, each with its target record and the golden's (if recorded)."""
     records = {r.slot: r for r in target.records}
     golden_records = {r.slot: r for r in golden.records}
-    for r in inputs:
+    for r in compared:
         record = records.get(r.slot)
         if r.failed and record is not None:
             yield r, record, golden_records.get(r.slot)

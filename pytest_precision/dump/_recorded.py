@@ -18,8 +18,8 @@ The fingerprint catches what the version counter cannot see: writes through ``.d
 outside torch (a numpy view, a kernel writing out of bounds: a *stomp*). Such a tensor is
 recorded anew, and :attr:`RecordedTensors.changed_since` names the record it no longer equals,
 so the stomped values reach the dump and the record says where they changed. The sum is one
-integer reduction over the tensor (cheaper than the statistics or the copy a new record costs);
-it misses a write that only permutes elements or whose changes cancel exactly. On an
+integer reduction over the tensor, about as fast as a copy and several times cheaper than its
+statistics; it misses a write that only permutes words or whose changes cancel exactly. On an
 accelerator it waits for the device, as a new record's copy or statistics already do.
 
 Entries hold weak references to the base and go with it, so nothing is kept alive; the record
@@ -51,11 +51,26 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def fingerprint(t: torch.Tensor) -> int | None:
-    """The sum of ``t``'s bit patterns (wrapping in 64 bits); ``None`` when it has none."""
-    bits = _BITS.get(t.element_size())
-    if bits is None or t.is_conj() or t.is_neg():
+    """The sum of ``t``'s bit patterns as integers, wrapping (``None`` when it has none to
+    tell). A contiguous tensor is summed as 64-bit (else 32-bit) words whatever its dtype: an
+    integer sum in its own dtype is as fast as a copy, ten times faster than widening each
+    element on the way; only an odd-sized or misaligned one, or a strided view of a 1- or
+    2-byte dtype, widens its elements."""
+    if t.is_conj() or t.is_neg():
         return None
-    return int(t.view(bits).sum())
+    size = t.element_size()
+    if t.is_contiguous() and size <= 8:
+        nbytes = t.numel() * size
+        word = torch.int64 if nbytes % 8 == 0 else torch.int32 if nbytes % 4 == 0 else None
+        if word is not None:
+            try:
+                return int(t.reshape(-1).view(torch.uint8).view(word).sum(dtype=word))
+            except RuntimeError:  # a storage offset not aligned to the word
+                pass
+    bits = _BITS.get(size)
+    if bits is None:
+        return None
+    return int(t.view(bits).sum(dtype=bits if size >= 4 else torch.int64))
 
 
 def _storage(t: torch.Tensor | None) -> int:

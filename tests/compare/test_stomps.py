@@ -14,7 +14,7 @@ from compare_helpers import judged_in_shards
 from dump_helpers import stomp
 from hf_zoo import build, forward, submodule
 
-from pytest_precision import capture, compare_dumps
+from pytest_precision import capture, compare_dumps, replay_op
 
 #: hooks that stomp inside layer 1, each a (module path, hook kind, hook)
 _Plant = Callable[[torch.nn.Module], list[torch.utils.hooks.RemovableHandle]]
@@ -119,3 +119,14 @@ def test_a_shard_proves_the_stomp_and_convicts_no_reader(tmp_path: Path) -> None
     assert result.first_divergence.cause == "stomp"
     assert culprits
     assert {d.cause for d in culprits} == {"stomp"}, [(d.name, d.reason) for d in culprits]
+
+
+def test_the_reader_of_a_stomp_replays_as_context(tmp_path: Path) -> None:
+    golden = _dump(tmp_path / "golden", "tensor")
+    stomped = _dump(tmp_path / "stomped", "tensor", _norm_output)
+    d = compare_dumps(golden, stomped).first_divergence
+    assert d is not None
+    replayed = replay_op(stomped, d.name)
+    assert replayed.verdict == "context"
+    assert "(a stomp)" in replayed.reason
+    assert replay_op(golden, d.name).verdict == "noise"

@@ -174,7 +174,7 @@ def _stomped_input(dump: Dump, call: Call) -> str | None:
     ``Record.changed_since``), by this record or by an earlier one sharing its data."""
     changed = {r.data_id: r.changed_since for r in dump.records if r.changed_since and r.data_id}
     for record in call.inputs:
-        since = record.changed_since or changed.get(record.data_id)
+        since = record.changed_since or changed.get(record.data_id or "")
         if since is not None:
             return (
                 f"the op is right on what it read, but its {record.slot} was changed between "

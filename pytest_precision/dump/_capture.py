@@ -105,6 +105,9 @@ class _OpMode(TorchFunctionMode):
         if info.mutated:  # out buffers of custom ops, as filled by the call
             written = [(f"output.{n}", v) for n, v in info.written(args, kwargs)]
             capture._uninitialized.written(v for _, v in written)
+            for _, v in written:  # its kernel may bump no version counter
+                if isinstance(v, torch.Tensor):
+                    capture._recorded.written(v)
             capture._record_values(head, written)
         return output
 

@@ -153,6 +153,15 @@ class RecordedTensors:
             if base is t or base is _base(t) or (storage and _storage(base) == storage):
                 self._drop(ident, ref)
 
+    def written(self, t: torch.Tensor) -> None:
+        """A recorded call wrote ``t`` without bumping its version counter (an op registered
+        with an out argument, ``Tensor(a!)``, whose kernel writes the memory directly): nothing
+        recorded of its base is current, and its new content is no stomp."""
+        base = _base(t)
+        known = self._bases.get(id(base))
+        if known is not None and known[0]() is base:
+            self._drop(id(base), known[0])
+
     def _died(self, ident: int) -> Callable[[Any], None]:
         def died(ref: Any) -> None:
             self._drop(ident, ref)

@@ -83,3 +83,32 @@ def test_a_malformed_changed_since_is_refused(tmp_path: Path) -> None:
     index.write_text("".join(json.dumps(e) + "\n" for e in lines))
     with pytest.raises(DumpFormatError, match="changed_since"):
         read_native_dump(tmp_path)
+
+
+_LIBRARY = torch.library.Library("pp_stomp_test", "DEF")
+_LIBRARY.define("fill(Tensor(a!) out, Tensor x) -> ()")
+
+
+def _fill(out: torch.Tensor, x: torch.Tensor) -> None:
+    stomp(out, value=float(x[0]), count=out.numel())  # a kernel writing its out argument
+
+
+_LIBRARY.impl("fill", _fill, "CPU")
+
+
+class _FillsItsOut(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x * 0
+        torch.ops.pp_stomp_test.fill(out, x + 7)  # bumps no version counter: a recorded write
+        return out.neg()
+
+
+def test_a_recorded_call_writing_its_out_argument_is_no_stomp(tmp_path: Path) -> None:
+    x, model = torch.ones(4), _FillsItsOut()
+    with torch.no_grad(), capture(model, tmp_path, level="op", mode="statistics"):
+        model(x)
+    records = {r.key: r for r in read_native_dump(tmp_path)}
+    assert not any(r.changed_since for r in records.values())
+    filled = tensor_stats(torch.full((4,), 8.0))
+    assert records["Custom.pp_stomp_test.fill.0.forward.output.out"].stats == filled
+    assert records["Tensor.neg.0.forward.input.0"].stats == filled

@@ -341,11 +341,14 @@ def failing_records(
     golden: Call, target: Call, compared: list[RecordComparison]
 ) -> Iterator[tuple[RecordComparison, Record, Record | None]]:
     """The records that fail, each with its target record and the golden's (if recorded)."""
+    failed = [r for r in compared if r.failed]
+    if not failed:  # most calls: no slot index to build
+        return
     records = {r.slot: r for r in target.records}
     golden_records = {r.slot: r for r in golden.records}
-    for r in compared:
+    for r in failed:
         record = records.get(r.slot)
-        if r.failed and record is not None:
+        if record is not None:
             yield r, record, golden_records.get(r.slot)
 
 

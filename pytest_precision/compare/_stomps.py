@@ -78,7 +78,9 @@ class Stomps:
             f"memory written outside any recorded call ({how}; {r.reason})"
         )
         found = divergence(target, golden, "stomp", reason, r)
-        place = _enclosing(None if producer is None else home(producer), home(target))
+        # a module's output is recorded as its call ends, inside it; its inputs as it begins
+        reader = target.module if not is_input(r.slot) else home(target)
+        place = _enclosing(None if producer is None else home(producer), reader)
         return replace(found, module=place, layer=layer_of(place) or found.layer)
 
     def _by_content(

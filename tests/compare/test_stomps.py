@@ -50,6 +50,16 @@ def _residual(model: torch.nn.Module) -> list[torch.utils.hooks.RemovableHandle]
     ]
 
 
+def _inside_the_norm(model: torch.nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
+    """Layer 1's input norm's last op returned; before the norm returns, its result is
+    overwritten: capture sees it first at the norm's own output record."""
+
+    def hook(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
+        stomp(output)
+
+    return [submodule(model, "model.layers.1.input_layernorm").register_forward_hook(hook)]
+
+
 def _dump(path: Path, mode: str, plant: _Plant | None = None) -> Path:
     model = build("llama")
     handles = [] if plant is None else plant(model)  # registered before capture's: run first
@@ -130,3 +140,14 @@ def test_the_reader_of_a_stomp_replays_as_context(tmp_path: Path) -> None:
     assert replayed.verdict == "context"
     assert "(a stomp)" in replayed.reason
     assert replay_op(golden, d.name).verdict == "noise"
+
+
+def test_a_stomp_seen_first_at_a_module_output_is_named(tmp_path: Path) -> None:
+    golden = _dump(tmp_path / "golden", "statistics")
+    d = compare_dumps(golden, _dump(tmp_path / "stomped", "statistics", _inside_the_norm))
+    divergence = d.first_divergence
+    assert divergence is not None
+    assert divergence.cause == "stomp", divergence.reason
+    assert divergence.name == "Module.model.layers.1.input_layernorm.LlamaRMSNorm.forward.0"
+    assert divergence.module == "model.layers.1.input_layernorm"
+    assert divergence.reason.startswith("changed between `Tensor.mul.")

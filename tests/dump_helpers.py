@@ -1,7 +1,9 @@
-"""Helpers shared by the dump tests: bitwise checks, pickle payloads, the tiny Llama captured."""
+"""Helpers shared by the dump tests: bitwise checks, pickle payloads, the tiny Llama captured,
+stomps (writes behind torch's back)."""
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import torch
@@ -45,3 +47,17 @@ def write_pickle_payload(file: Path, marker: Path) -> None:
     probe.unlink()
     probe_file.unlink()
     torch.save(CreatesFileWhenUnpickled(marker), file)
+
+
+def stomp(t: torch.Tensor, value: float = 100.0, count: int = 3) -> None:
+    """Overwrite the first ``count`` float32 elements of ``t``'s memory behind torch's back, as
+    a kernel writing out of bounds does: no torch call a capture could record (torch functions
+    disabled), no version counter bump."""
+    assert t.dtype == torch.float32
+    assert t.is_contiguous()
+    assert t.numel() >= count
+    data = (ctypes.c_float * count)(*[value] * count)
+    with torch._C.DisableTorchFunction():
+        version = t._version
+        ctypes.memmove(t.data_ptr(), data, ctypes.sizeof(data))
+        assert t._version == version

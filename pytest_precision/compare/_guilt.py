@@ -23,6 +23,7 @@ from ._outputs import OutputJudge, divergence
 from ._provenance import Provenance, home, join
 from ._records import RecordComparer
 from ._results import Cause, Divergence, RecordComparison, evidence, is_input, layer_of
+from ._stomps import Stomps
 
 
 class GuiltJudge:
@@ -41,6 +42,7 @@ class GuiltJudge:
         self.records = records
         self.provenance = provenance
         self.outputs = OutputJudge(records.precision, provenance, records.measurements)
+        self.stomps = Stomps(provenance, target_calls)
         #: steps in which some record failed (a later step's new token ids are then no source)
         self.failing_steps: set[int] = set()
         self.first_step = min((c.step for c in target_calls), default=0)
@@ -166,6 +168,10 @@ class GuiltJudge:
     def _verdict(
         self, golden: Call, target: Call, compared: list[RecordComparison], received: float
     ) -> Divergence | None:
+        for r, record, golden_record in failing_records(golden, target, compared):
+            stomp = self.stomps.find(golden, target, r, record, golden_record)
+            if stomp is not None:  # what the call read or put out was changed behind its back
+                return stomp
         for r in compared:
             if r.slot.startswith("parameters"):
                 if r.failed:
@@ -232,7 +238,7 @@ class GuiltJudge:
     ) -> Divergence | None:
         """An input that differs: from nowhere (a source), from code only the target runs
         (judged at its module's output), or from another call than in the golden (wiring)."""
-        for r, record, golden_record in failing_inputs(golden, target, inputs):
+        for r, record, golden_record in failing_records(golden, target, inputs):
             producers = self.provenance.producers(target.rank, record)
             expected = self.provenance.golden_producers(golden.rank, golden_record)
             stranger = (
@@ -335,19 +341,22 @@ def hides_collectives(calls: Sequence[Call]) -> bool:
     return len({c.rank for c in calls}) > 1 and not any(c.collective for c in calls)
 
 
-def failing_inputs(
-    golden: Call, target: Call, inputs: list[RecordComparison]
+def failing_records(
+    golden: Call, target: Call, compared: list[RecordComparison]
 ) -> Iterator[tuple[RecordComparison, Record, Record | None]]:
-    """The inputs that fail, each with its target record and the golden's (if recorded). An
+    """The records that fail, each with its target record and the golden's (if recorded). An
     argument only the golden passes (``approximate="tanh"`` the target leaves out) stands for
     itself: the target ran with the default instead."""
+    failed = [r for r in compared if r.failed]
+    if not failed:  # most calls: no slot index to build
+        return
     records = {r.slot: r for r in target.records}
     golden_records = {r.slot: r for r in golden.records}
-    for r in inputs:
+    for r in failed:
         record = records.get(r.slot)
         if record is None and (only_golden := golden_records.get(r.slot)) is not None:
             record = None if only_golden.is_tensor else only_golden
-        if r.failed and record is not None:
+        if record is not None:
             yield r, record, golden_records.get(r.slot)
 
 

@@ -232,4 +232,5 @@ _RULES: dict[Cause, Rule] = {
     "output": "clean inputs",
     "rerun": "float64 rerun",
     "amplification": "amplification",
+    "stomp": "stomp",
 }

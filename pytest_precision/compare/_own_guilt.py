@@ -3,6 +3,7 @@
 The first divergence is judged once, by the walk of :mod:`._guilt`, across every shard. A
 shard's test cannot wait for that walk, so it fails on what its own calls prove:
 
+- a stomp that capture recorded (see :mod:`._stomps`);
 - a weight differs; at the first decode step, a constant, model input or argument that
   neither run produced;
 - a float64 rerun from the call's own recorded inputs differs beyond rounding;
@@ -24,10 +25,11 @@ import functools
 from collections.abc import Iterable, Sequence
 
 from ..dump._records import Call, Record
-from ._guilt import failing_inputs, hides_collectives, source_reason, within
+from ._guilt import failing_records, hides_collectives, source_reason, within
 from ._outputs import OutputJudge, divergence
 from ._provenance import ContentKey, Provenance, fingerprint_of
 from ._results import Divergence, RecordComparison, StatsComparison, is_input, layer_of
+from ._stomps import Stomps
 
 
 class OwnGuilt:
@@ -68,6 +70,11 @@ class OwnGuilt:
         others = self._producers.get((target.rank, fingerprint_of(record)), set())
         lost = (golden.rank, fingerprint_of(golden_record)) in self._golden_only_producers
         return others <= {(target.step, target.name)} and not lost  # x.to(x.dtype) is x
+
+    @functools.cached_property
+    def stomps(self) -> Stomps:
+        """The stomps capture recorded in the target (see :class:`Stomps`)."""
+        return Stomps(self.provenance, self._target_calls)
 
     @functools.cached_property
     def hidden_collectives(self) -> bool:
@@ -114,6 +121,10 @@ class ShardJudge:
     def _verdict(
         self, golden: Call, target: Call, compared: list[RecordComparison]
     ) -> Divergence | None:
+        for r, record, _ in failing_records(golden, target, compared):
+            stomp = self.own.stomps.captured(golden, target, r, record)
+            if stomp is not None:
+                return stomp
         for r in compared:
             if r.slot.startswith("parameters") and r.failed:
                 return divergence(
@@ -183,7 +194,7 @@ class ShardJudge:
         (after which the walk judges nothing), which only earlier shards tell."""
         if target.step != self.own.first_step:
             return None
-        for r, record, golden_record in failing_inputs(golden, target, inputs):
+        for r, record, golden_record in failing_records(golden, target, inputs):
             if not record.is_tensor or (
                 self.own.provenance.op_level
                 and self.own.from_nowhere(golden, target, record, golden_record)

@@ -33,6 +33,9 @@ class Provenance:
         self.op_level = any(c.kind != "Module" for c in target_calls)
         self.produced: dict[ContentKey, list[RecordComparison]] = {}
         self.golden_produced: dict[ContentKey, set[tuple[str, str]]] = {}
+        #: the golden's outputs by content -> the target's record of the same output (the
+        #: aligned call's slot): what a consumer of that content should have read
+        self.counterparts: dict[ContentKey, Record] = {}
         #: calls only the golden makes: name -> the module it runs in
         self.golden_only: dict[str, str | None] = {}
         #: outputs of calls only the target makes: content -> (call name, module it runs in)
@@ -85,6 +88,11 @@ class Provenance:
                 level = max(received, r.error_level)
                 if isinstance(r.metrics, StatsComparison) and level > 0.0:
                     self.inherited[key] = max(self.inherited.get(key, 0.0), level)
+        targets = {r.slot: r for r in target.outputs}
+        for record in golden.outputs:
+            fingerprint = fingerprint_of(record)
+            if fingerprint is not None and record.slot in targets:
+                self.counterparts[(golden.rank, fingerprint)] = targets[record.slot]
         self._remember_golden(golden)
 
     def _remember_golden(self, golden: Call) -> None:
@@ -110,6 +118,10 @@ class Provenance:
     def golden_producers(self, rank: int, record: Record | None) -> set[tuple[str, str]] | None:
         """The golden's (call name, slot) pairs that produced this content."""
         return self.golden_produced.get((rank, fingerprint_of(record)))
+
+    def counterpart(self, rank: int, golden: Record | None) -> Record | None:
+        """The target's record of the aligned output that produced ``golden``'s content."""
+        return self.counterparts.get((rank, fingerprint_of(golden)))
 
     def unmatched_producer(self, rank: int, record: Record) -> tuple[str, str | None] | None:
         """The call only the target makes that produced this content, with its module."""

@@ -22,14 +22,15 @@ _LAYER = re.compile(r"^(.*?\b(?:layers|layer|h|blocks|block)\.\d+)(?:\.|$)")
 Status = Literal["pass", "warn", "fail", "skip"]
 
 
-Cause = Literal["source", "wiring", "unmatched", "output", "rerun", "amplification"]
+Cause = Literal["source", "wiring", "unmatched", "output", "rerun", "amplification", "stomp"]
 
 
 #: The rule that convicted (``docs/compare.md``): an input from nowhere differs; an input is
 #: another call's output than in the golden; code only one run has changed what leaves its
 #: module; an op with exactly matching inputs; a module with exactly matching inputs and
 #: weights whose output differs beyond reordered rounding; a float64 rerun from the call's own
-#: inputs; a drift the call amplified (weak).
+#: inputs; a drift the call amplified (weak); a tensor changed between its producer's record
+#: and its consumer's with no recorded write (a stomp: the consumer is not to blame).
 Rule = Literal[
     "source",
     "wiring",
@@ -38,6 +39,7 @@ Rule = Literal[
     "module with clean inputs",
     "float64 rerun",
     "amplification",
+    "stomp",
 ]
 
 

@@ -12,7 +12,6 @@ regular path at the op and mix levels, which may change the last bits; capture w
 from __future__ import annotations
 
 import fnmatch
-import functools
 import itertools
 import re
 import sys
@@ -26,10 +25,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError, PrecisionWarning
-from ..numerics._dtypes import dtype_name
 from ._leaves import has_tensor, input_leaves, output_leaves, owned_cache_layers
-from ._native import encode_value, json_members, json_text
+from ._native import json_members, json_text
 from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
+from ._record_json import changed_since_json, json_dtype, json_shape, json_slot, json_value
 from ._recorded import RecordedTensors
 from ._records import GARBAGE_MEMORY
 from ._uninitialized import UninitializedMemory
@@ -37,8 +36,6 @@ from ._writer import DumpWriter, private_copy, summarize
 
 Level = Literal["module", "op", "mix"]
 Mode = Literal["tensor", "statistics"]
-
-# fmt: on
 
 
 def _compile(patterns: tuple[str, ...] | None) -> re.Pattern[str] | None:
@@ -54,31 +51,6 @@ def _compile(patterns: tuple[str, ...] | None) -> re.Pattern[str] | None:
 
 #: The fields every record of one call shares, encoded once per call (see ``json_members``).
 _Head = str
-
-
-@functools.lru_cache(maxsize=4096)
-def _json_slot(slot: str) -> str:
-    return json_text(slot)
-
-
-@functools.cache
-def _json_dtype(dtype: torch.dtype) -> str:
-    return json_text(dtype_name(dtype))
-
-
-@functools.lru_cache(maxsize=4096)
-def _json_shape(shape: torch.Size) -> str:
-    return json_text(list(shape))
-
-
-def _json_value(value: Any) -> str:
-    """``json_text(encode_value(value))``, without the encoder for the usual ints and None."""
-    kind = type(value)
-    if kind is int:
-        return str(value)
-    if value is None:
-        return "null"
-    return json_text(encode_value(value))
 
 
 class _OpMode(TorchFunctionMode):
@@ -125,6 +97,9 @@ class _OpMode(TorchFunctionMode):
         if info.mutated:  # out buffers of custom ops, as filled by the call
             written = [(f"output.{n}", v) for n, v in info.written(args, kwargs)]
             capture._uninitialized.written(v for _, v in written)
+            for _, v in written:  # its kernel may bump no version counter
+                if isinstance(v, torch.Tensor):
+                    capture._recorded.written(v)
             capture._record_values(head, written)
         return output
 
@@ -364,11 +339,11 @@ class Capture:
         try:
             for slot, value in leaves:
                 if isinstance(value, torch.Tensor):
-                    self._record_tensor(writer, f'{head},"slot":{_json_slot(slot)}', value)
+                    self._record_tensor(writer, f'{head},"slot":{json_slot(slot)}', value)
                 else:
-                    encoded = _json_value(value)
+                    encoded = json_value(value)
                     writer.add_encoded(
-                        f'{head},"slot":{_json_slot(slot)},"dtype":null,"shape":null,'
+                        f'{head},"slot":{json_slot(slot)},"dtype":null,"shape":null,'
                         f'"value":{encoded}',
                         self.step_index,
                     )
@@ -376,8 +351,9 @@ class Capture:
             self._busy = False
 
     def _record_tensor(self, writer: DumpWriter, members: str, t: torch.Tensor) -> None:
-        shape = _json_shape(t.shape)
-        members = f'{members},"dtype":{_json_dtype(t.dtype)},"shape":{shape},"value":null'
+        label = members  # the call and slot, for a later record that finds t changed
+        shape = json_shape(t.shape)
+        members = f'{members},"dtype":{json_dtype(t.dtype)},"shape":{shape},"value":null'
         if t.layout is torch.strided and not t.is_contiguous():  # data is stored contiguous
             members = f'{members},"stride":{json_text(t.stride())}'
         step = self.step_index
@@ -389,16 +365,19 @@ class Capture:
             if memory in GARBAGE_MEMORY:  # no data worth storing
                 writer.add_encoded(members, step)
                 return
-        key = self._recorded.key_of(t)
+        recorded = self._recorded
+        key = recorded.key_of(t)
         if key is not None:  # recorded before and unchanged since: share its data and statistics
             writer.add_encoded(members, step, alias=key)
             return
+        if recorded.changed_since is not None:  # a stomp: written by no recorded call
+            members = f'{members},"changed_since":{changed_since_json(recorded.changed_since)}'
         key = str(next(self._keys))
         if self.mode == "tensor":
             writer.add_encoded(members, step, key=key, tensor=private_copy(t))
         else:
             writer.add_encoded(members, step, key=key, stats=summarize(t))
-        self._recorded.remember(t, key)
+        recorded.remember(t, key, label)
 
 
 #: Modules whose fused inference fast path is skipped while a torch-function mode is active.

@@ -30,7 +30,7 @@ from .._errors import DumpFormatError
 from ..numerics._stats import TensorStats
 from ._json_files import TOO_DEEP
 from ._native_index import RANK_DONE, RECORDS, SHARD_PATTERN, rank_dir, read_manifest, read_rank
-from ._records import MEMORY_STATES, Dump, Record
+from ._records import MEMORY_STATES, Dump, Record, RecordRef
 from ._safe_io import load_safetensors_tensor
 
 # -- JSON values ---------------------------------------------------------------------------------
@@ -230,6 +230,7 @@ def _record(
     memory = entry.get("memory")
     if memory is not None and memory not in MEMORY_STATES:
         raise DumpFormatError(where, f"malformed memory {memory!r}")
+    changed_since = _record_ref(entry.get("changed_since"), where)
     loader = data_id = None
     if entry.get("data") is not None:
         loader = _loader(entry["data"], dtype, shape, headers, where)
@@ -251,7 +252,22 @@ def _record(
         data_id=data_id,
         stride=None if stride is None else tuple(stride),
         memory=memory,
+        changed_since=changed_since,
     )
+
+
+def _record_ref(value: object, where: str) -> RecordRef | None:
+    """A record's ``changed_since``: ``{"name": str, "slot": str, "step": int}`` or absent."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get("name"), str)
+        or not isinstance(value.get("slot"), str)
+        or type(value.get("step")) is not int
+    ):
+        raise DumpFormatError(where, f"malformed changed_since {value!r}")
+    return RecordRef(value["name"], value["slot"], value["step"])
 
 
 def _loader(

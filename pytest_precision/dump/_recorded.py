@@ -11,15 +11,24 @@ the same memory, unchanged since:
   mode, where nothing but the statistics is shared) its shape may differ (``x.view(2, -1)``);
 * the same *base*: both are the same tensor or views of the same one (``Tensor._base``), and so
   share its version counter, which every in-place op bumps, through any view;
-* the same version counter value as when the first was recorded.
+* the same version counter value as when the first was recorded;
+* the same *content fingerprint*: the sum of its elements' bit patterns as integers.
+
+The fingerprint catches what the version counter cannot see: writes through ``.data``, from
+outside torch (a numpy view, a kernel writing out of bounds: a *stomp*). Such a tensor is
+recorded anew, and :attr:`RecordedTensors.changed_since` names the record it no longer equals,
+so the stomped values reach the dump and the record says where they changed. The sum is one
+integer reduction over the tensor, about as fast as a copy and several times cheaper than its
+statistics; it misses a write that only permutes words or whose changes cancel exactly. On an
+accelerator it waits for the device, as a new record's copy or statistics already do.
 
 Entries hold weak references to the base and go with it, so nothing is kept alive; the record
 keys they hold are let go then (the writer drops what it kept for them).
 
-Known blind spots, as for autograd: writes through ``.data`` or from outside torch (a numpy view)
-bump no version counter. ``torch.distributed`` collectives bump none either: capture tells
-:meth:`RecordedTensors.forget` what they wrote. Inference tensors have no version counter and
-are never reused.
+``torch.distributed`` collectives bump no version counter either, and are recorded calls:
+capture tells :meth:`RecordedTensors.forget` what they wrote. Inference tensors have no version
+counter, and tensors of a dtype wider than 8 bytes (``complex128``) or with a conjugate or
+negative bit no fingerprint: neither is ever reused.
 """
 
 from __future__ import annotations
@@ -37,6 +46,33 @@ def _base(t: torch.Tensor) -> torch.Tensor:
     return t if base is None else base
 
 
+#: Integer dtypes by element size: a tensor's bit patterns, summed as its fingerprint.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fingerprint(t: torch.Tensor) -> int | None:
+    """The sum of ``t``'s bit patterns as integers, wrapping (``None`` when it has none to
+    tell). A contiguous tensor is summed as 64-bit (else 32-bit) words whatever its dtype: an
+    integer sum in its own dtype is as fast as a copy, ten times faster than widening each
+    element on the way; only an odd-sized or misaligned one, or a strided view of a 1- or
+    2-byte dtype, widens its elements."""
+    if t.is_conj() or t.is_neg():
+        return None
+    size = t.element_size()
+    if t.is_contiguous() and size <= 8:
+        nbytes = t.numel() * size
+        word = torch.int64 if nbytes % 8 == 0 else torch.int32 if nbytes % 4 == 0 else None
+        if word is not None:
+            try:
+                return int(t.reshape(-1).view(torch.uint8).view(word).sum(dtype=word))
+            except RuntimeError:  # a storage offset not aligned to the word
+                pass
+    bits = _BITS.get(size)
+    if bits is None:
+        return None
+    return int(t.view(bits).sum(dtype=bits if size >= 4 else torch.int64))
+
+
 def _storage(t: torch.Tensor | None) -> int:
     """Where ``t``'s storage starts; 0 when it has none to tell."""
     try:
@@ -49,12 +85,16 @@ class RecordedTensors:
     """Record keys of tensors by geometry, valid while their base is unchanged."""
 
     def __init__(self, forget: Callable[[str], None], *, any_shape: bool = False) -> None:
-        #: geometry -> (the base, its version when recorded, record key)
-        self._entries: dict[Hashable, tuple[weakref.ref[torch.Tensor], int, str]] = {}
+        #: geometry -> (the base, its version when recorded, record key, content fingerprint,
+        #: the label of the record made then)
+        self._entries: dict[Hashable, tuple[weakref.ref[torch.Tensor], int, str, int, str]] = {}
         #: id of a base -> (weak reference with the clean-up callback, its geometries)
         self._bases: dict[int, tuple[weakref.ref[torch.Tensor], list[Hashable]]] = {}
         self._forget = forget  # told of each key that can no longer be returned
         self._any_shape = any_shape
+        #: set by :meth:`key_of`: the label of the record a tensor was expected to equal when
+        #: its content changed with no version bump (a stomp); else ``None``
+        self.changed_since: str | None = None
 
     def _geometry(self, t: torch.Tensor) -> Hashable | None:
         """Where and how ``t``'s elements lie; ``None`` for tensors without a data pointer."""
@@ -68,29 +108,36 @@ class RecordedTensors:
         return pointer, bits, t.shape, t.stride()
 
     def key_of(self, t: torch.Tensor) -> str | None:
-        """The key a tensor like ``t`` was recorded under, if unchanged since; else ``None``."""
+        """The key a tensor like ``t`` was recorded under, if unchanged since; else ``None``,
+        with :attr:`changed_since` set when only its content changed."""
+        self.changed_since = None
         geometry = self._geometry(t)
         entry = None if geometry is None else self._entries.get(geometry)
         if entry is None:
             return None
-        ref, version, key = entry
+        ref, version, key, content, label = entry
         if ref() is not _base(t) or t._version != version:
+            return None
+        if fingerprint(t) != content:  # written behind the version counter's back
+            self.changed_since = label
             return None
         return key
 
-    def remember(self, t: torch.Tensor, key: str) -> None:
-        """Note that ``t``, as it is now, was recorded under ``key``."""
+    def remember(self, t: torch.Tensor, key: str, label: str = "") -> None:
+        """Note that ``t``, as it is now, was recorded under ``key`` (in the record ``label``,
+        which :attr:`changed_since` gives back if its content changes unseen)."""
         if t.is_inference():  # no version counter: a later write would go unseen
             return
         geometry = self._geometry(t)
-        if geometry is None:
+        content = None if geometry is None else fingerprint(t)
+        if geometry is None or content is None:
             return
         base = _base(t)
         known = self._bases.get(id(base))
         if known is None or known[0]() is not base:
             known = self._bases[id(base)] = (weakref.ref(base, self._died(id(base))), [])
         replaced = self._entries.get(geometry)
-        self._entries[geometry] = (known[0], t._version, key)
+        self._entries[geometry] = (known[0], t._version, key, content, label)
         if replaced is None or replaced[0] is not known[0]:
             known[1].append(geometry)
         if replaced is not None:  # recorded again, changed: the old key can never be returned
@@ -105,6 +152,15 @@ class RecordedTensors:
             base = ref()
             if base is t or base is _base(t) or (storage and _storage(base) == storage):
                 self._drop(ident, ref)
+
+    def written(self, t: torch.Tensor) -> None:
+        """A recorded call wrote ``t`` without bumping its version counter (an op registered
+        with an out argument, ``Tensor(a!)``, whose kernel writes the memory directly): nothing
+        recorded of its base is current, and its new content is no stomp."""
+        base = _base(t)
+        known = self._bases.get(id(base))
+        if known is not None and known[0]() is base:
+            self._drop(id(base), known[0])
 
     def _died(self, ident: int) -> Callable[[Any], None]:
         def died(ref: Any) -> None:

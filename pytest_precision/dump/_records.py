@@ -13,6 +13,15 @@ import torch
 from ..numerics._stats import TensorStats
 
 
+@dataclass(frozen=True)
+class RecordRef:
+    """Another record of the same dump and rank: its call name, slot and decode step."""
+
+    name: str
+    slot: str
+    step: int
+
+
 @dataclass(frozen=True, eq=False)
 class Record:
     """One captured value: a tensor (or JSON value) in one slot of one call.
@@ -48,6 +57,10 @@ class Record:
     #: ``"filled"``: its data was assembled by writes into slices of such a buffer, so no call
     #: put it out whole
     memory: str | None = None
+    #: the earlier record this tensor was expected to equal (the same tensor, its version
+    #: counter unmoved) when capture found its content changed: memory written outside any
+    #: recorded call (a stomp); ``None`` otherwise and in dumps that do not tell
+    changed_since: RecordRef | None = None
 
     @property
     def key(self) -> str:

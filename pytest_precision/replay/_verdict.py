@@ -121,6 +121,10 @@ def replay_op(
     verdict: ReplayVerdict = max(
         (s.verdict for s in slots), key=_SEVERITY.__getitem__, default="noise"
     )
+    reason = _reason(verdict, slots, str(backend_device), precision)
+    stomp = _stomped_input(target, call)
+    if stomp is not None and verdict == "noise":
+        verdict, reason = "context", stomp
     return ReplayResult(
         name=call.name,
         module=call.module,
@@ -129,7 +133,7 @@ def replay_op(
         device=str(backend_device),
         precision=dtype_name(precision),
         verdict=verdict,
-        reason=_reason(verdict, slots, str(backend_device), precision)
+        reason=reason
         + (
             f"; the float64 result overflows {dtype_name(precision)} ({', '.join(overflowed)}), "
             "where +-inf is the right answer: a range problem of the model, not of the op"
@@ -157,6 +161,22 @@ def _loaded(call: Call, record: Record) -> torch.Tensor:
             "(replay needs a dump of tensors: capture mode='tensor', msprobe task 'tensor')"
         )
     return tensor
+
+
+def _stomped_input(dump: Dump, call: Call) -> str | None:
+    """Why the call is ``context`` although it computes right from what it read: an input's
+    data is what capture recorded as changed with no recorded write (a stomp, see
+    ``Record.changed_since``), by this record or by an earlier one sharing its data."""
+    changed = {r.data_id: r.changed_since for r in dump.records if r.changed_since and r.data_id}
+    for record in call.inputs:
+        since = record.changed_since or changed.get(record.data_id or "")
+        if since is not None:
+            return (
+                f"the op is right on what it read, but its {record.slot} was changed between "
+                f"`{since.name}` {since.slot} and this call by no recorded call (a stomp): "
+                "what ran around it was not"
+            )
+    return None
 
 
 def _judge_slot(

@@ -28,7 +28,7 @@ from ._measurements import Measurements
 from ._precision import RunPrecision
 from ._provenance import Provenance, uninitialized_inputs
 from ._records import RecordComparer
-from ._results import DumpComparison, UnmatchedCall, is_input
+from ._results import DumpComparison, PermutedCall, UnmatchedCall, is_input
 
 
 def compare_dumps(
@@ -71,6 +71,8 @@ class AlignedDumps:
             )
         self.standard = standard
         self.golden, self.target = as_dump(golden), as_dump(target)
+        #: calls paired by content against the runs' order (set with ``segments``)
+        self.permuted: list[PermutedCall] = []
 
     @cached_property
     def segments(self) -> dict[tuple[int, int], Segment]:
@@ -82,11 +84,12 @@ class AlignedDumps:
                 for c in self.target.calls
                 if (key := (c.step, c.rank, c.name)) in named
             )
-            return align(
+            segments, self.permuted = align(
                 self.golden.calls,
                 self.target.calls,
                 with_dtypes=by_name.golden is not None and not by_name.crosses,
             )
+            return segments
 
     @cached_property
     def matched(self) -> list[tuple[Call, Call]]:
@@ -127,7 +130,7 @@ def walk(
     provenance = Provenance(target_calls)
     records = aligned.comparer(measurements, provenance)
     judge = GuiltJudge(records, provenance, target_calls, aligned.golden)
-    result = DumpComparison(aligned.golden, aligned.target, [], None)
+    result = DumpComparison(aligned.golden, aligned.target, [], None, permuted=aligned.permuted)
     total = sum(len(pairs) for pairs, _ in segments.values())
     done = 0
     for step_segments in _by_step(segments):
@@ -162,6 +165,7 @@ def walk(
     result.first_divergence = found
     result.unverified = judge.unverified
     result.inputs_diverged = judge.inputs_diverged
+    result.derived = judge.derived
     return result
 
 

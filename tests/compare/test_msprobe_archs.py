@@ -26,14 +26,22 @@ DUMPS = ("mix_statistics", "L1_statistics", "mix_tensor")
 #: own tanh formula) leaves L1 statistics without a module to judge: a single-op bug that
 #: statistics alone do not prove (not a case of unrecorded producers or reordered calls)
 NOT_IN_STATISTICS = {("bloom", "gelu", "L1_statistics"), ("phi", "gelu", "L1_statistics")}
+#: +0.5 on one of 2048 weight elements moves that weight's statistics by 0.003, less than
+#: bf16's tolerance (0.0078): in a bf16 run, statistics cannot see it (the report is
+#: inconclusive, never a pass)
+BELOW_BF16 = {
+    (arch, "bf16_weight", dump)
+    for arch in ("gpt_neox", "phi")
+    for dump in ("mix_statistics", "L1_statistics")
+}
 
 
-def _cases(variants: tuple[str, ...]) -> list[object]:
+def _cases(variants: tuple[str, ...], left_out: frozenset[tuple[str, str, str]]) -> list[object]:
     out: list[object] = []
     for arch in sorted(BUG_MODULES):
         for variant in variants:
             for dump in DUMPS:
-                if (arch, variant, dump) in NOT_IN_STATISTICS:
+                if (arch, variant, dump) in left_out:
                     continue
                 if not (ARCHS / arch / f"{variant}_{dump}").exists():
                     continue
@@ -56,8 +64,15 @@ def _within(module: str, path: str) -> bool:
     return module == path or module.startswith(path + ".")
 
 
-@pytest.mark.parametrize(("arch", "variant", "dump"), _cases(("weight", "rope", "gelu")))
+BUGS = ("weight", "rope", "gelu", "bf16_weight")
+
+
+@pytest.mark.parametrize(
+    ("arch", "variant", "dump"), _cases(BUGS, frozenset(NOT_IN_STATISTICS | BELOW_BF16))
+)
 def test_a_planted_bug_is_found_at_its_module(arch: str, variant: str, dump: str) -> None:
+    """Also a wrong weight in the bf16 model (Gemma3's rotary calls in the other order too):
+    the inputs that inherit bf16 drift from outputs made of them never excuse it."""
     result = compare_dumps(ARCHS / arch / f"clean_{dump}", ARCHS / arch / f"{variant}_{dump}")
     d = result.first_divergence
     assert d is not None, result.report()
@@ -70,7 +85,15 @@ def test_a_planted_bug_is_found_at_its_module(arch: str, variant: str, dump: str
         assert _within(d.module, module), where
 
 
-@pytest.mark.parametrize(("arch", "variant", "dump"), _cases(("clean_hash", "bf16")))
+@pytest.mark.parametrize(("arch", "variant", "dump"), sorted(BELOW_BF16))
+def test_a_bug_below_bf16_statistics_is_inconclusive_not_a_pass(
+    arch: str, variant: str, dump: str
+) -> None:
+    result = compare_dumps(ARCHS / arch / f"clean_{dump}", ARCHS / arch / f"{variant}_{dump}")
+    assert result.verdict == "inconclusive", result.report()
+
+
+@pytest.mark.parametrize(("arch", "variant", "dump"), _cases(("clean_hash", "bf16"), frozenset()))
 def test_the_clean_model_again_or_in_bf16_names_no_culprit(
     arch: str, variant: str, dump: str
 ) -> None:

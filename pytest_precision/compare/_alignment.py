@@ -7,7 +7,8 @@ false differences. A call's signature is its kind, its op (dunders stripped: ``x
 dumps record one (so that neighbouring ops of the same kind in different modules do not pair),
 the shapes of its outputs (a fused QKV projection does not pair with ``q_proj``'s) and, for an
 op, the shapes of its tensor inputs (a reshape of the keys does not pair with a reshape of the
-attention's output).
+attention's output). Independent calls of one signature that the two runs made in another order
+are then re-paired by content (:mod:`._permutations`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import difflib
 from collections.abc import Hashable, Iterator, Sequence
 
 from ..dump._records import Call
+from ._permutations import repair
+from ._results import PermutedCall
 
 #: target calls in the order they finished, each with its golden partner (None: unmatched),
 #: and the golden calls without a partner
@@ -24,17 +27,22 @@ Segment = tuple[list[tuple[Call | None, Call]], list[Call]]
 
 def align(
     golden: Sequence[Call], target: Sequence[Call], *, with_dtypes: bool = False
-) -> dict[tuple[int, int], Segment]:
-    """Each (step, rank)'s aligned walk, in step then rank order. A (step, rank) that only one
-    side has is a segment whose calls all lack a partner. ``with_dtypes`` (for runs that keep
-    their dtypes) adds the output dtype to the signature of casts, so that a cast to float32
-    never pairs with a cast back to bfloat16."""
+) -> tuple[dict[tuple[int, int], Segment], list[PermutedCall]]:
+    """Each (step, rank)'s aligned walk, in step then rank order, and the calls paired by
+    content against their order. A (step, rank) that only one side has is a segment whose
+    calls all lack a partner. ``with_dtypes`` (for runs that keep their dtypes) adds the
+    output dtype to the signature of casts, so that a cast to float32 never pairs with a cast
+    back to bfloat16."""
     with_module = all(c.module is not None for c in (*golden, *target) if c.kind != "Module")
     by_key: dict[tuple[int, int], tuple[list[Call], list[Call]]] = {}
     for side, calls in ((0, golden), (1, target)):
         for call in calls:
             by_key.setdefault((call.step, call.rank), ([], []))[side].append(call)
-    return {key: _align(*by_key[key], with_module, with_dtypes) for key in sorted(by_key)}
+    segments: dict[tuple[int, int], Segment] = {}
+    permuted: list[PermutedCall] = []
+    for key in sorted(by_key):
+        segments[key] = _align(*by_key[key], with_module, with_dtypes, permuted)
+    return segments, permuted
 
 
 def signature(call: Call, with_module: bool, with_dtypes: bool = False) -> Hashable:
@@ -62,12 +70,24 @@ def _input_shapes(call: Call) -> tuple[tuple[int, ...], ...]:
 _CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as"})
 
 
-def _align(golden: list[Call], target: list[Call], with_module: bool, with_dtypes: bool) -> Segment:
+def _align(
+    golden: list[Call],
+    target: list[Call],
+    with_module: bool,
+    with_dtypes: bool,
+    permuted: list[PermutedCall],
+) -> Segment:
     # msprobe lists a module after its ops, our captures before them: align in one order
     golden, target = completion_order(golden), completion_order(target)
     g_sigs = [signature(c, with_module, with_dtypes) for c in golden]
     t_sigs = [signature(c, with_module, with_dtypes) for c in target]
-    pairs = _matching_blocks(g_sigs, t_sigs)
+    pairs, moved = repair(golden, target, g_sigs, _matching_blocks(g_sigs, t_sigs))
+    permuted.extend(
+        PermutedCall(
+            golden[g].name, target[t].name, target[t].module, target[t].rank, target[t].step
+        )
+        for g, t in moved
+    )
     partner = {id(target[t]): golden[g] for g, t in pairs}
     matched_golden = {g for g, _ in pairs}
     golden_only = [c for i, c in enumerate(golden) if i not in matched_golden]

@@ -29,7 +29,7 @@ from ._models import model_mismatch
 from ._precision import RunPrecision
 from ._provenance import Provenance, uninitialized_inputs
 from ._records import RecordComparer
-from ._results import DumpComparison, ModelMismatch, UnmatchedCall, is_input
+from ._results import DumpComparison, ModelMismatch, PermutedCall, UnmatchedCall, is_input
 
 
 def compare_dumps(
@@ -72,6 +72,8 @@ class AlignedDumps:
             )
         self.standard = standard
         self.golden, self.target = as_dump(golden), as_dump(target)
+        #: calls paired by content against the runs' order (set with ``segments``)
+        self.permuted: list[PermutedCall] = []
 
     @cached_property
     def segments(self) -> dict[tuple[int, int], Segment]:
@@ -83,11 +85,12 @@ class AlignedDumps:
                 for c in self.target.calls
                 if (key := (c.step, c.rank, c.name)) in named
             )
-            return align(
+            segments, self.permuted = align(
                 self.golden.calls,
                 self.target.calls,
                 with_dtypes=by_name.golden is not None and not by_name.crosses,
             )
+            return segments
 
     @cached_property
     def model_mismatch(self) -> ModelMismatch | None:
@@ -137,7 +140,7 @@ def walk(
     provenance = Provenance(target_calls)
     records = aligned.comparer(measurements, provenance)
     judge = GuiltJudge(records, provenance, target_calls, aligned.golden)
-    result = DumpComparison(aligned.golden, aligned.target, [], None)
+    result = DumpComparison(aligned.golden, aligned.target, [], None, permuted=aligned.permuted)
     total = sum(len(pairs) for pairs, _ in segments.values())
     done = 0
     for step_segments in _by_step(segments):
@@ -172,6 +175,7 @@ def walk(
     result.first_divergence = found
     result.unverified = judge.unverified
     result.inputs_diverged = judge.inputs_diverged
+    result.derived = judge.derived
     return result
 
 

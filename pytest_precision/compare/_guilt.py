@@ -22,7 +22,15 @@ from ._alignment import completion_order
 from ._outputs import OutputJudge, divergence
 from ._provenance import Provenance, home, join
 from ._records import RecordComparer
-from ._results import Cause, Divergence, RecordComparison, evidence, is_input, layer_of
+from ._results import (
+    Cause,
+    DerivedInput,
+    Divergence,
+    RecordComparison,
+    evidence,
+    is_input,
+    layer_of,
+)
 from ._stomps import Stomps
 
 
@@ -54,6 +62,8 @@ class GuiltJudge:
         self.strong: Divergence | None = None
         self.weak: Divergence | None = None
         self.inputs_diverged: Divergence | None = None
+        #: failing inputs with no recorded producer, matched to a recorded output
+        self.derived: list[DerivedInput] = []
         #: the last target call inside each module (and its ancestors), by (rank, step, path)
         self.last_in: dict[tuple[int, int, str], Call] = {}
         #: per (rank, step), in walk order: calls only one run makes, then the judged ops
@@ -249,6 +259,8 @@ class GuiltJudge:
                 if self.outputs.beyond_rounding(golden, target, r):
                     self._suspect_code(golden, target, r, stranger, lost[0] if lost else None)
                 continue
+            if not producers and self._derived(target, r, record):
+                continue
             if not producers and self._is_source(record):
                 if self._is_new_prompt(target, record):
                     reason = (
@@ -314,6 +326,20 @@ class GuiltJudge:
         found = divergence(target, golden, "unmatched", reason, r)
         self.pending.setdefault(key, _Suspicion(found, module))
 
+    def _derived(self, target: Call, r: RecordComparison, record: Record) -> bool:
+        """An input with no recorded producer that an unrecorded view, cast or slice made out
+        of a recorded output, drifting no more than that output: its error is inherited."""
+        if not (record.is_tensor and self.provenance.op_level):
+            return False
+        if self.provenance.parameter_name(target.rank, record) is not None:
+            return False  # a module's own weight: compared as such
+        found = self.provenance.recorded.derivation(record, r.error_level)
+        if found is not None:
+            self.derived.append(
+                DerivedInput(target.name, r.slot, target.rank, target.step, found.describe())
+            )
+        return found is not None
+
     def _is_source(self, record: Record) -> bool:
         """An input that no recorded call produced. In a module-level dump, glue code between
         modules (a residual add) is not recorded, so only non-tensor values count there. A
@@ -370,10 +396,15 @@ def source_reason(provenance: Provenance, r: RecordComparison, record: Record | 
     else:
         owner = provenance.parameter_name(record.rank, record)
         what = f"{r.slot} (parameter {owner})" if owner else f"input {r.slot}"
+    derivable = (
+        ", and it is no view, cast or slice of a recorded output drifting as much"
+        if record is not None and record.is_tensor and provenance.op_level
+        else ""
+    )
     return (
         f"{what} differs from the golden and no recorded call produced it "
         f"(a weight, buffer, constant or model input, or the output of a call the capture "
-        f"left out): {r.reason}"
+        f"left out){derivable}: {r.reason}"
     )
 
 

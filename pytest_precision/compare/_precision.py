@@ -15,12 +15,17 @@ import torch
 from ..dump._records import Call
 from ..numerics._dtypes import dtype_from_name, lower_precision
 
+#: ops whose ``input.1`` is a weight
+_WEIGHTED = frozenset({"linear", "embedding"})
+
 
 @dataclass(frozen=True)
 class RunPrecision:
-    """How the target's floating dtypes relate to the golden's, learned from the weights (or,
-    without module records, from all tensors): ``float32 -> bfloat16`` for a bf16 port of an
-    fp32 reference, ``float32 -> float32`` for the same dtype on two devices."""
+    """How the target's floating dtypes relate to the golden's, learned from the weights: a
+    module's parameters, else the weight an op receives (``linear``'s, ``embedding``'s), else
+    all tensors: ``float32 -> bfloat16`` for a bf16 port of an fp32 reference, ``float32 ->
+    float32`` for the same dtype on two devices. Not from all tensors where weights are
+    known: a bf16 port of Gemma3 computes its norms, rotary and softmax in float32."""
 
     golden: torch.dtype | None = None
     target: torch.dtype | None = None
@@ -28,6 +33,7 @@ class RunPrecision:
     @classmethod
     def learn(cls, pairs: Iterable[tuple[Call, Call]]) -> RunPrecision:
         weights: Counter[tuple[torch.dtype, torch.dtype]] = Counter()
+        op_weights: Counter[tuple[torch.dtype, torch.dtype]] = Counter()
         tensors: Counter[tuple[torch.dtype, torch.dtype]] = Counter()
         for golden, target in pairs:
             golden_slots = {r.slot: r for r in golden.records}
@@ -36,9 +42,15 @@ class RunPrecision:
                 if g is None or not (g.is_tensor and t.is_tensor):
                     continue
                 pair = dtype_from_name(g.dtype), dtype_from_name(t.dtype)
-                if pair[0].is_floating_point and pair[1].is_floating_point:
-                    (weights if t.slot.startswith("parameters") else tensors)[pair] += 1
-        counts = weights or tensors
+                if not (pair[0].is_floating_point and pair[1].is_floating_point):
+                    continue
+                if t.slot.startswith("parameters"):
+                    weights[pair] += 1
+                elif target.op in _WEIGHTED and t.slot == "input.1":
+                    op_weights[pair] += 1
+                else:
+                    tensors[pair] += 1
+        counts = weights or op_weights or tensors
         if not counts:
             return cls()
         (golden_dtype, target_dtype), _ = counts.most_common(1)[0]

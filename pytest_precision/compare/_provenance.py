@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..dump._records import Call, Record
 from ..numerics._stats import TensorStats
+from ._derivation import RecordedOutputs
 from ._results import RecordComparison, StatsComparison, is_input
 
 #: Content identity within one rank of one dump: (rank, fingerprint).
@@ -43,6 +44,9 @@ class Provenance:
         #: statistics-only contents whose statistics matched while their producer's inputs or
         #: outputs drifted: the error level they inherit (four statistics miss a permutation)
         self.inherited: dict[ContentKey, float] = {}
+        #: the latest outputs with the error they carry: what an unrecorded view or slice of
+        #: them, reaching a later call with no recorded producer, inherits
+        self.recorded = RecordedOutputs()
         #: the module parameters of the target by content, to name the weight an op received
         self.parameters: dict[ContentKey, str] = {
             (c.rank, fingerprint): join(c.module, r.slot.removeprefix("parameters."))
@@ -88,6 +92,7 @@ class Provenance:
                 level = max(received, r.error_level)
                 if isinstance(r.metrics, StatsComparison) and level > 0.0:
                     self.inherited[key] = max(self.inherited.get(key, 0.0), level)
+                self.recorded.add(record, level)
         targets = {r.slot: r for r in target.outputs}
         for record in golden.outputs:
             fingerprint = fingerprint_of(record)

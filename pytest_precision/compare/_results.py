@@ -249,6 +249,33 @@ class ModelMismatch:
         }
 
 
+@dataclass(frozen=True)
+class DerivedInput:
+    """A failing input with no recorded producer, matched to a recorded output it was made of
+    by calls the dump does not record (a view, cast or slice): it inherits that output's
+    error and is no source."""
+
+    name: str
+    slot: str
+    rank: int
+    step: int
+    #: the output and the rule that matched it
+    derived: str
+
+
+@dataclass(frozen=True)
+class PermutedCall:
+    """A call paired with the golden's by content, against the order of the two runs:
+    independent calls made in another order (a loop over a ``set``). Information, not a
+    difference."""
+
+    golden: str
+    target: str
+    module: str | None
+    rank: int
+    step: int
+
+
 @dataclass
 class DumpComparison:
     """The result of :func:`compare_dumps`."""
@@ -270,6 +297,11 @@ class DumpComparison:
     #: set when the dumps are of different models (their parameters differ in name or
     #: shape beyond a few): nothing was judged
     different_models: ModelMismatch | None = None
+
+    #: calls paired by content where the runs made independent calls in another order
+    permuted: list[PermutedCall] = field(default_factory=list)
+    #: failing inputs without a recorded producer that inherit a recorded output's error
+    derived: list[DerivedInput] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:

@@ -44,6 +44,8 @@ def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
     if result.different_models is not None:
         return shown_text("\n".join([*lines, _different_models(result.different_models)]))
     lines += _incomplete(result)
+    lines += _permuted(result)
+    lines += _derived(result)
     divergence = result.first_divergence
     lines += _divergence_lines(divergence) if divergence else [_no_divergence(result)]
     if result.inputs_diverged is not None:
@@ -82,6 +84,33 @@ def _incomplete(result: DumpComparison) -> list[str]:
     return [
         f"incomplete: step {step} rank {rank} is only in the {side} ({calls} calls not compared)"
         for side, step, rank, calls in result.one_sided[:_SHOWN_UNMATCHED]
+    ]
+
+
+def _permuted(result: DumpComparison) -> list[str]:
+    """Independent calls the runs made in another order, said once (information)."""
+    if not result.permuted:
+        return []
+    shown_pairs = ", ".join(
+        f"{shown(p.golden)} = {shown(p.target)}" for p in result.permuted[:_SHOWN_UNMATCHED]
+    )
+    extra = len(result.permuted) - _SHOWN_UNMATCHED
+    more = f", +{extra} more" if extra > 0 else ""
+    return [
+        f"reordered: {len(result.permuted)} independent calls made in another order, paired "
+        f"by content (golden = target: {shown_pairs}{more})"
+    ]
+
+
+def _derived(result: DumpComparison) -> list[str]:
+    """Differing inputs with no recorded producer that were matched to a recorded output."""
+    if not result.derived:
+        return []
+    first = result.derived[0]
+    return [
+        f"derived: {len(result.derived)} differing inputs without a recorded producer inherit "
+        f"a recorded output's error (first: {shown(first.name)} {shown(first.slot)}, "
+        f"{_clip(shown(first.derived))})"
     ]
 
 
@@ -240,6 +269,8 @@ def write_dump_comparison_json(result: DumpComparison, path: Path) -> None:
             for side, step, rank, calls in result.one_sided
         ],
         "unmatched": [vars(u) for u in result.unmatched],
+        "permuted": [vars(p) for p in result.permuted],
+        "derived": [vars(d) for d in result.derived],
         "unverified": result.unverified,
         "records": [r.to_dict() for r in result.records],
     }

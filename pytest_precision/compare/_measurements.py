@@ -89,6 +89,12 @@ class Measurements:
         assert g.loader is not None
         assert t.loader is not None
         target_tensor, golden_tensor = t.loader(), g.loader()
+        if target_tensor.is_complex() and golden_tensor.is_complex():
+            # rotary embeddings as complex numbers (torch.polar): real and imaginary parts,
+            # each judged as a float of the parts' precision
+            target_tensor = torch.view_as_real(target_tensor.resolve_conj())
+            golden_tensor = torch.view_as_real(golden_tensor.resolve_conj())
+            dtype = dtype.to_real()
         standard = resolve_standard(self.standard, dtype)
         known = judge_pair(target_tensor, golden_tensor, standard, dtype)
         if weight and known.verdict != "fail":

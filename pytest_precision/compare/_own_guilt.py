@@ -189,12 +189,16 @@ class ShardJudge:
     ) -> Divergence | None:
         """A failing input that no call produced, at the first decode step: an argument, or,
         where ops are recorded, a weight, constant or model input (in a module-level dump glue
-        code between modules is not recorded, so a tensor may come from it). At a later step
-        what the model received may follow another token that noise made the generation pick
-        (after which the walk judges nothing), which only earlier shards tell."""
+        code between modules is not recorded, so a tensor may come from it). A buffer filled
+        piece by piece (``memory`` ``filled``) was produced by the recorded writes into its
+        slices, as the walk counts it. At a later step what the model received may follow
+        another token that noise made the generation pick (after which the walk judges
+        nothing), which only earlier shards tell."""
         if target.step != self.own.first_step:
             return None
         for r, record, golden_record in failing_records(golden, target, inputs):
+            if record.memory == "filled":
+                continue
             if not record.is_tensor or (
                 self.own.provenance.op_level
                 and self.own.from_nowhere(golden, target, record, golden_record)

@@ -1,0 +1,171 @@
+"""compare_dumps on architectures and bug classes the rest of the suite never used
+(``hf_zoo_more``, ``hf_bugs_more``): every planted bug is convicted inside the module where
+forward hooks measured it (the truth, not the plant), noise pairs name no culprit.
+
+The fast subset (one case of each bug class, on a few architectures, and the noise pairs of two)
+runs by default; the whole matrix is ``slow``. Mix level only (``test_localize_hf`` covers the
+module level on its zoo). One golden per (architecture, mode), made once per module; every test
+runs on one torch thread, so goldens and targets are the same in whatever order they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from compare_helpers import judged_in_shards
+from hf_bugs import threads
+from hf_bugs_more import BUGS, NOISE, applicable, inside, truth
+from hf_zoo_more import ARCHS, build, model_inputs
+
+from pytest_precision import (
+    Divergence,
+    Dump,
+    DumpComparison,
+    capture,
+    compare_dumps,
+    load_dump,
+)
+
+MODES = ("tensor", "statistics")
+
+#: one case of each bug class, on as many families as the classes allow
+FAST = {
+    "norm_eps": "gpt_neox",
+    "activation": "nemotron",
+    "gqa_mapping": "falcon",
+    "softmax_bf16": "bloom",
+    "residual_bf16": "olmo2",
+    "embedding_scale": "gemma3",
+    "logit_scale": "cohere",
+    "lm_head_tied": "mpt",
+    "lm_head_stale": "starcoder2",
+    "rotary_fraction": "phi",
+    "alibi_slopes": "bloom",
+    "router_renorm": "olmoe",
+    "wrong_expert": "deepseek_v2",
+    "ssm_decay": "jamba",
+}
+FAST_NOISE = ("gemma3", "deepseek_v2", "jamba")
+
+#: cases the judge gets wrong today, with the measured reason: (arch, case, mode) -> reason
+KNOWN: dict[tuple[str, str, str], str] = {
+    ("gptj", "fp16_vs_fp32", "statistics"): (
+        "padding in statistics: GPT-J fills its mask with finfo(dtype).min and scores in fp32, "
+        "so row 1's fully masked pad positions attend otherwise in fp16 (q_proj's input 0.8 "
+        "apart there, 2.5e-3 at real positions); their extremes move q_proj's output min by "
+        "3.8 % while its input statistics agree to 1e-5, and amplification convicts q_proj"
+    ),
+}
+
+
+def _case(arch: str, case: str, mode: str, fast: bool) -> object:
+    marks: list[pytest.MarkDecorator] = [] if fast else [pytest.mark.slow]
+    reason = KNOWN.get((arch, case, mode))
+    if reason is not None:
+        marks.append(pytest.mark.xfail(strict=True, reason=reason))
+    return pytest.param(arch, case, mode, marks=marks, id=f"{arch}-{case}-{mode}")
+
+
+BUG_CASES = [
+    _case(arch, bug, mode, fast=FAST.get(bug) == arch)
+    for arch in ARCHS
+    for bug in applicable(ARCHS[arch])
+    for mode in MODES
+]
+NOISE_CASES = [
+    _case(arch, case, mode, fast=arch in FAST_NOISE)
+    for arch in ARCHS
+    for case in NOISE
+    for mode in MODES
+]
+
+
+def capture_forward(
+    model: torch.nn.Module, arch: str, path: Path, mode: str, rows: slice = slice(None)
+) -> Path:
+    with torch.no_grad(), capture(model, path, level="mix", mode=mode):
+        model(**model_inputs(arch, rows), use_cache=False)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Dump]:
+    made: dict[tuple[str, str], Dump] = {}
+
+    def get(arch: str, mode: str) -> Dump:
+        if (arch, mode) not in made:
+            path = tmp_path_factory.mktemp(f"golden-{arch}-{mode}") / "dump"
+            with threads(1):
+                made[arch, mode] = load_dump(capture_forward(build(arch), arch, path, mode))
+        return made[arch, mode]
+
+    return get
+
+
+def localize(
+    golden_dump: Dump, arch: str, bug: str, mode: str, tmp: Path
+) -> tuple[DumpComparison, list[Divergence]]:
+    model = build(arch)
+    BUGS[bug].plant(model, ARCHS[arch])
+    return judged_in_shards(golden_dump, capture_forward(model, arch, tmp / "target", mode))
+
+
+def compare_noise(
+    golden_dump: Dump, arch: str, case: str, mode: str, tmp: Path
+) -> tuple[DumpComparison, list[Divergence]]:
+    dtype, n_threads = NOISE[case]
+    with threads(n_threads):
+        target = capture_forward(build(arch, dtype), arch, tmp / "target", mode)
+    return judged_in_shards(golden_dump, target)
+
+
+@pytest.mark.parametrize(("arch", "bug", "mode"), BUG_CASES)
+def test_planted_bug_is_convicted_where_it_was_measured(
+    golden: Callable[[str, str], Dump], arch: str, bug: str, mode: str, tmp_path: Path
+) -> None:
+    where = truth(arch, BUGS[bug].plant)
+    assert where is not None, f"{bug} changes nothing in {arch}: give it a Bug.skip"
+    result, culprits = localize(golden(arch, mode), arch, bug, mode, tmp_path)
+    d = result.first_divergence
+    assert d is not None, f"{bug} in {where!r}: no divergence\n{result.report()}"
+    assert inside(d.module, where), (
+        f"{bug} in {where!r}, convicted {d.name} in {d.module} ({d.rule}): {d.reason}"
+    )
+    for c in culprits:
+        assert inside(c.module, where), f"{bug} in {where!r}: a shard convicts {c.name}"
+
+
+@pytest.mark.parametrize(("arch", "case", "mode"), NOISE_CASES)
+def test_noise_names_no_culprit(
+    golden: Callable[[str, str], Dump], arch: str, case: str, mode: str, tmp_path: Path
+) -> None:
+    result, culprits = compare_noise(golden(arch, mode), arch, case, mode, tmp_path)
+    d = result.first_divergence
+    assert d is None, f"{case}: false alarm at {d.name} in {d.module} ({d.rule}): {d.reason}"
+    assert culprits == [], f"{case}: a shard convicts {culprits[0].name}: {culprits[0].reason}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="compare_dumps cannot judge one row of a batch: calls align by their shapes, so a "
+    "prompt alone against the batch it was in aligns a few shape-free calls (14 of 231 in GLM) "
+    "and passes on them; in the MoE and Mamba models those few (the expert counts' histc, the "
+    "mask's all()) differ in shape and are convicted as code only one run has",
+)
+@pytest.mark.parametrize("arch", ["glm", "olmoe", "jamba"])
+def test_a_prompt_alone_is_judged_against_its_row_of_the_batch(
+    golden: Callable[[str, str], Dump], arch: str, tmp_path: Path
+) -> None:
+    alone = capture_forward(build(arch), arch, tmp_path / "alone", "tensor", slice(0, 1))
+    result = compare_dumps(golden(arch, "tensor"), alone)
+    assert not result.unmatched, f"{len(result.unmatched)} calls left unaligned"
+    assert result.first_divergence is None, result.report()

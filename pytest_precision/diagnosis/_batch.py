@@ -127,7 +127,7 @@ def check_batch_invariance(
                 case = _judge(needle, layout, alone, dump, standard)
                 cases.append(case)
                 if progress is not None:
-                    progress(_case_line(case))
+                    progress(case_line(case))
         return BatchInvariance(tuple(cases))
     finally:
         if out is None:
@@ -147,12 +147,17 @@ def assert_batch_invariant(
     allowed = {"invariant", "noise"} if allow_noise else {"invariant"}
     failing = [case for case in result.cases if case.verdict not in allowed]
     if failing:
-        lines = [
-            f"batch invariance: {result.verdict} in {len(failing)} of {len(result.cases)} cases"
-        ]
-        lines += [f"  {_case_line(case)}" for case in failing]
-        raise BatchVariant("\n".join(lines), result)
+        raise BatchVariant(batch_message(result, failing), result)
     return result
+
+
+def batch_message(result: BatchInvariance, cases: Sequence[BatchCase] | None = None) -> str:
+    """The verdict and one line per case (``cases``: those to list, all by default)."""
+    listed = result.cases if cases is None else cases
+    head = f"batch invariance: {result.verdict} in {len(listed)} of {len(result.cases)} cases"
+    if cases is None:
+        head = f"batch invariance: {result.verdict} ({len(result.cases)} cases)"
+    return "\n".join([head, *(f"  {case_line(case)}" for case in listed)])
 
 
 def _judge(needle: int, layout: RowLayout, alone: Path, batched: Path, standard: Any) -> BatchCase:
@@ -196,7 +201,7 @@ def first_variant(records: Sequence[RecordComparison]) -> RecordComparison | Non
     return None
 
 
-def _case_line(case: BatchCase) -> str:
+def case_line(case: BatchCase) -> str:
     where = f"prompt {case.prompt} as row {case.row} of {case.batch_size}"
     if case.padding:
         where += f" ({case.padding} pad tokens)"

@@ -23,6 +23,13 @@ if typing.TYPE_CHECKING:
         UnmatchedCall,
     )
     from .compare._shards import ShardedComparison
+    from .diagnosis._batch import (
+        BatchCase,
+        BatchInvariance,
+        BatchVariant,
+        assert_batch_invariant,
+        check_batch_invariance,
+    )
     from .diagnosis._generation import save_run
     from .diagnosis._results import Diagnosis
     from .dump import Dump, Record, capture, load_dump
@@ -82,6 +89,9 @@ if typing.TYPE_CHECKING:
 __all__ = [
     "AllClose",
     "BadCases",
+    "BatchCase",
+    "BatchInvariance",
+    "BatchVariant",
     "ChecklistDiff",
     "Comparison",
     "DeterminismWarning",
@@ -123,6 +133,7 @@ __all__ = [
     "UnmatchedCall",
     "WeightsReport",
     "__version__",
+    "assert_batch_invariant",
     "assert_close",
     "assert_close_to_golden",
     "assert_deterministic",
@@ -139,6 +150,7 @@ __all__ = [
     "assert_weights_loaded",
     "capture",
     "capture_vllm",
+    "check_batch_invariance",
     "check_scores",
     "check_weights_loaded",
     "compare_dumps",
@@ -227,6 +239,13 @@ _MODULES = {
         "assert_weights_loaded",
         "check_weights_loaded",
         "fingerprint_weights",
+    ),
+    ".diagnosis._batch": (
+        "BatchCase",
+        "BatchInvariance",
+        "BatchVariant",
+        "assert_batch_invariant",
+        "check_batch_invariance",
     ),
     ".plugin._generation": ("GenerationDiffers", "assert_same_generation", "diagnose"),
     ".replay._verdict": ("ReplayResult", "replay_op"),

@@ -289,11 +289,15 @@ def _batch_sizes(sizes: Sequence[int]) -> list[int]:
 
 
 def _pad_id(model: torch.nn.Module, pad_token_id: int | None) -> int:
+    """The pad token: ``pad_token_id``, else the config's pad or end-of-text token where the
+    embedding has it (a config can name an id its tiny vocabulary lacks), else 0. Padded
+    positions are masked, so any id the embedding holds serves a correct model."""
     if pad_token_id is not None:
         return pad_token_id
     config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
     for name in ("pad_token_id", "eos_token_id"):
         value = getattr(config, name, None)
-        if isinstance(value, int):
+        if isinstance(value, int) and (not isinstance(vocab, int) or 0 <= value < vocab):
             return value
     return 0

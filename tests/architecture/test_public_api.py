@@ -8,6 +8,11 @@ import types
 import pytest_precision
 
 EXPECTED = {
+    "BatchCase",
+    "BatchInvariance",
+    "BatchVariant",
+    "assert_batch_invariant",
+    "check_batch_invariance",
     # diagnose (#14)
     "Diagnosis",
     "GenerationDiffers",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ..dump._layouts import MergedLayouts
 from ..dump._records import Dump
 from ..numerics._comparison import TensorComparison
 
@@ -158,6 +159,9 @@ class Divergence:
     rule: Rule
     #: how the error grew after the culprit, layer by layer
     growth: ErrorGrowth | None = None
+    #: when the dumps have different parallel layouts: the target's ranks whose piece of the
+    #: convicting record differs (every rank of a partial sum)
+    ranks: tuple[int, ...] = ()
 
     @property
     def metrics(self) -> TensorComparison | StatsComparison | None:
@@ -230,6 +234,8 @@ class DumpComparison:
     #: set when, at a later decode step, the model's inputs differ although every earlier call
     #: was innocent: generation took another token (the steps after it are not judged)
     inputs_diverged: Divergence | None = None
+    #: set when the dumps have different numbers of ranks: how both became one logical run
+    layouts: MergedLayouts | None = None
 
     @property
     def complete(self) -> bool:

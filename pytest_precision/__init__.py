@@ -30,7 +30,16 @@ if typing.TYPE_CHECKING:
         UnmatchedCall,
         compare_dumps,
     )
-    from .diagnosis import Diagnosis, diagnose, save_run
+    from .diagnosis import (
+        BatchCase,
+        BatchInvariance,
+        BatchVariant,
+        Diagnosis,
+        assert_batch_invariant,
+        check_batch_invariance,
+        diagnose,
+        save_run,
+    )
     from .dump import Dump, Record, capture, load_dump
     from .golden import (
         Golden,
@@ -127,7 +136,16 @@ _MODULES = {
         "UnmatchedCall",
         "compare_dumps",
     ),
-    ".diagnosis": ("Diagnosis", "diagnose", "save_run"),
+    ".diagnosis": (
+        "BatchCase",
+        "BatchInvariance",
+        "BatchVariant",
+        "Diagnosis",
+        "assert_batch_invariant",
+        "check_batch_invariance",
+        "diagnose",
+        "save_run",
+    ),
     ".dump": (
         "Dump",
         "Record",

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pytest-precision",
         description="Numerical-precision tools for LLM inference: compare, inspect, replay, "
-        "tokens, badcases, diagnose.",
+        "tokens, badcases, diagnose, batch.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tokens(subparsers)
     _add_badcases(subparsers)
     _add_diagnose(subparsers)
+    _add_batch(subparsers)
     return parser
 
 
@@ -320,7 +321,54 @@ def _add_diagnose(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     diagnose.set_defaults(handler=_diagnose)
 
 
-def _entry(spec: str) -> dict[str, object]:
+def _add_batch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    batch = subparsers.add_parser(
+        "batch",
+        help="the same prompt alone and inside batches: invariant, noise, or a bug at its op",
+        description="Run each prompt alone and as a row of padded batches of the others, cut "
+        "its rows out of the batched dump and judge them against the alone run "
+        "(docs/batch-invariance.md). The entry point (--entry module:function or "
+        "file.py:function) returns a dict with model and prompts (lists of token ids). Exit "
+        "status: 0 invariant or noise, 1 a bug, an inconclusive case, or noise with "
+        "--bitwise, 2 an error.",
+    )
+    batch.add_argument("--entry", metavar="MODULE:FUNCTION", required=True, help="builds it")
+    batch.add_argument(
+        "--batch-size",
+        type=int,
+        action="append",
+        dest="batch_sizes",
+        metavar="N",
+        help="a batch size to try (repeatable; default: 2 and 4)",
+    )
+    batch.add_argument("--padding-side", choices=["left", "right"], default="left")
+    batch.add_argument("--out", metavar="DIR", help="keep the dumps here")
+    batch.add_argument(
+        "--bitwise", action="store_true", help="fail on noise too (bitwise batch invariance)"
+    )
+    batch.set_defaults(handler=_batch)
+
+
+def _batch(args: argparse.Namespace) -> int:
+    from .diagnosis._batch import batch_message, check_batch_invariance
+
+    built = _entry(args.entry, ("model", "prompts"))
+    result = check_batch_invariance(
+        built["model"],  # type: ignore[arg-type]
+        built["prompts"],  # type: ignore[arg-type]
+        batch_sizes=args.batch_sizes or (2, 4),
+        padding_side=args.padding_side,
+        out=args.out,
+        progress=lambda line: _say(line, file=sys.stderr),
+    )
+    _say(batch_message(result))
+    passing = ("invariant",) if args.bitwise else ("invariant", "noise")
+    return 0 if result.verdict in passing else 1
+
+
+def _entry(
+    spec: str, keys: tuple[str, ...] = ("golden", "target", "input_ids")
+) -> dict[str, object]:
     import importlib.util
 
     where, _, function = spec.rpartition(":")
@@ -335,10 +383,8 @@ def _entry(spec: str) -> dict[str, object]:
     else:
         module = importlib.import_module(where)
     built = getattr(module, function)()
-    if not isinstance(built, dict) or not {"golden", "target", "input_ids"} <= set(built):
-        raise PrecisionError(
-            f"--entry {spec!r} must return a dict with golden, target and input_ids"
-        )
+    if not isinstance(built, dict) or not set(keys) <= set(built):
+        raise PrecisionError(f"--entry {spec!r} must return a dict with {', '.join(keys)}")
     return built
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from functools import cached_property
 from typing import Literal
@@ -17,9 +17,10 @@ import torch
 
 from .._errors import PrecisionInputError
 from .._gc import paused_gc
+from ..dump._layouts import LayoutRule, MergedLayouts, culprit_ranks, merge_layouts
 from ..dump._load import as_dump
 from ..dump._records import Call, Dump
-from ..numerics._comparison import resolve_standard
+from ..numerics._comparison import compare_tensors, resolve_standard
 from ..numerics._standards import Reference, Standard, StandardName
 from ._alignment import Segment, align, lockstep
 from ._growth import error_growth
@@ -29,7 +30,14 @@ from ._models import model_mismatch
 from ._precision import RunPrecision
 from ._provenance import Provenance, uninitialized_inputs
 from ._records import RecordComparer
-from ._results import DumpComparison, ModelMismatch, PermutedCall, UnmatchedCall, is_input
+from ._results import (
+    Divergence,
+    DumpComparison,
+    ModelMismatch,
+    PermutedCall,
+    UnmatchedCall,
+    is_input,
+)
 
 
 def compare_dumps(
@@ -38,15 +46,19 @@ def compare_dumps(
     *,
     standard: Standard | StandardName | None = None,
     progress: Callable[[int, int], None] | None = None,
+    layouts: Mapping[str, LayoutRule] | None = None,
 ) -> DumpComparison:
     """Compare two dumps record by record and localize the first divergence.
 
     Each side is a :class:`Dump` or a path :func:`load_dump` accepts (native, msprobe). Every
     tensor pair is judged by ``standard`` (default: the standard of the lowest precision among
     the call's tensors), statistics-only records by their statistics. ``progress(done, total)``
-    is called after each of the target's calls. See ``docs/compare.md`` for the rules.
+    is called after each of the target's calls. Two dumps with different numbers of ranks
+    (another tensor-parallel size) are each merged into one logical run first; ``layouts``
+    names how records matching a pattern are assembled where the shapes cannot tell
+    (``docs/compare.md``, which has every rule).
     """
-    aligned = AlignedDumps(golden, target, standard=standard)
+    aligned = AlignedDumps(golden, target, standard=standard, layouts=layouts)
     return walk(aligned, Measurements(standard), progress=progress)
 
 
@@ -61,6 +73,7 @@ class AlignedDumps:
         target: Dump | str | os.PathLike[str],
         *,
         standard: Standard | StandardName | None = None,
+        layouts: Mapping[str, LayoutRule] | None = None,
     ) -> None:
         # a bad name fails now, not mid-walk
         if standard is not None and isinstance(
@@ -74,6 +87,11 @@ class AlignedDumps:
         self.golden, self.target = as_dump(golden), as_dump(target)
         #: calls paired by content against the runs' order (set with ``segments``)
         self.permuted: list[PermutedCall] = []
+
+        #: set when the two dumps have different numbers of ranks: both merged into one
+        self.layouts: MergedLayouts | None = merge_layouts(self.golden, self.target, layouts)
+        if self.layouts is not None:
+            self.golden, self.target = self.layouts.golden, self.layouts.target
 
     @cached_property
     def segments(self) -> dict[tuple[int, int], Segment]:
@@ -172,11 +190,33 @@ def walk(
     if found is not None:
         growth = error_growth(result.records, found, judge.outputs.gross_limit(found.record))
         found = replace(found, growth=growth)
+        if aligned.layouts is not None:
+            found = replace(found, ranks=_culprit_ranks(aligned, found))
     result.first_divergence = found
+    result.layouts = aligned.layouts
     result.unverified = judge.unverified
     result.inputs_diverged = judge.inputs_diverged
     result.derived = judge.derived
     return result
+
+
+def _culprit_ranks(aligned: AlignedDumps, found: Divergence) -> tuple[int, ...]:
+    """The target's ranks whose piece of the convicting record differs from the golden's."""
+    assert aligned.layouts is not None
+    golden = next(
+        (
+            r
+            for r in aligned.golden.records
+            if (r.step, r.name, r.slot) == (found.step, found.golden_name, found.record.slot)
+        ),
+        None,
+    )
+    return culprit_ranks(
+        aligned.layouts,
+        (found.step, found.name, found.record.slot),
+        None if golden is None else golden.load(),
+        lambda target, expected: not compare_tensors(target, expected).passed,
+    )
 
 
 def _by_step(

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..dump._layouts import MergedLayouts
 from ..dump._records import Dump
 from ..numerics._comparison import TensorComparison
 
@@ -160,6 +161,9 @@ class Divergence:
     rule: Rule
     #: how the error grew after the culprit, layer by layer
     growth: ErrorGrowth | None = None
+    #: when the dumps have different parallel layouts: the target's ranks whose piece of the
+    #: convicting record differs (every rank of a partial sum)
+    ranks: tuple[int, ...] = ()
 
     @property
     def metrics(self) -> TensorComparison | StatsComparison | None:
@@ -302,6 +306,9 @@ class DumpComparison:
     permuted: list[PermutedCall] = field(default_factory=list)
     #: failing inputs without a recorded producer that inherit a recorded output's error
     derived: list[DerivedInput] = field(default_factory=list)
+
+    #: set when the dumps have different numbers of ranks: how both became one logical run
+    layouts: MergedLayouts | None = None
 
     @property
     def complete(self) -> bool:

@@ -2,8 +2,9 @@
 
 ``diagnose`` returns a ``Diagnosis`` (data); its HTML page is written when a renderer is passed
 (``render=pytest_precision.report.render_html``; the CLI and ``assert_same_generation`` do).
-``save_run`` keeps one side's generation for a diagnosis on another machine. Names load on
-first use (torch).
+``save_run`` keeps one side's generation for a diagnosis on another machine.
+``check_batch_invariance`` / ``assert_batch_invariant`` judge a prompt alone against the same
+prompt inside batches (docs/batch-invariance.md). Names load on first use (torch).
 """
 
 from __future__ import annotations
@@ -13,12 +14,26 @@ import typing
 from .._lazy import exports
 
 if typing.TYPE_CHECKING:
+    from ._batch import (
+        BatchCase,
+        BatchInvariance,
+        BatchVariant,
+        assert_batch_invariant,
+        check_batch_invariance,
+    )
     from ._generation import save_run
     from ._results import Diagnosis
     from ._workflow import diagnose
 
 #: Each public name and the module it lives in: the one list of this package's surface.
 _MODULES = {
+    "._batch": (
+        "BatchCase",
+        "BatchInvariance",
+        "BatchVariant",
+        "assert_batch_invariant",
+        "check_batch_invariance",
+    ),
     "._generation": ("save_run",),
     "._results": ("Diagnosis",),
     "._workflow": ("diagnose",),

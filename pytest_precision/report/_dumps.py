@@ -46,6 +46,8 @@ def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
     lines += _incomplete(result)
     lines += _permuted(result)
     lines += _derived(result)
+
+    lines += _layouts(result)
     divergence = result.first_divergence
     lines += _divergence_lines(divergence) if divergence else [_no_divergence(result)]
     if result.inputs_diverged is not None:
@@ -168,8 +170,24 @@ def _unmatched(result: DumpComparison) -> str:
     return "; " + "; ".join(parts)
 
 
+def _layouts(result: DumpComparison) -> list[str]:
+    merged = result.layouts
+    if merged is None:
+        return []
+    line = (
+        f"layouts: golden {merged.golden_ranks} rank(s), target {merged.target_ranks}: each "
+        "merged into one logical run (shards concatenated, partial sums added)"
+    )
+    if merged.left_out:
+        listed = ", ".join(shown(k) for k in merged.left_out[:_SHOWN_UNMATCHED])
+        line += f"; {len(merged.left_out)} partial sum(s) without data left out ({listed})"
+    return [line]
+
+
 def _divergence_lines(d: Divergence) -> list[str]:
     where = f"step {d.step} rank {d.rank}"
+    if d.ranks:
+        where = f"step {d.step}, target rank(s) {', '.join(map(str, d.ranks))}"
     renamed = "" if d.golden_name == d.name else f" (golden: {shown(d.golden_name)})"
     lines = [
         f"first divergence: {shown(d.name)}{renamed}, {where}",
@@ -286,6 +304,7 @@ def _divergence_dict(d: Divergence | None) -> dict[str, object] | None:
         "module": d.module,
         "layer": d.layer,
         "rank": d.rank,
+        "ranks": list(d.ranks),
         "step": d.step,
         "cause": d.cause,
         "rule": d.rule,

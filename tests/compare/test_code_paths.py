@@ -21,9 +21,10 @@ from compare_helpers import judged_in_shards
 from hf_bugs import WRONG_SCALE, threads
 from hf_zoo import ARCHS, SEED, inputs
 
-from pytest_precision import Divergence, DumpComparison, capture, compare_dumps
+from pytest_precision import Divergence, DumpComparison, capture, compare_dumps, render
 from pytest_precision.cli import main
 from pytest_precision.compare._results import ModelMismatch, ParameterDifference
+from pytest_precision.report import write_json
 
 #: two grouped-query architectures (4 query heads, 2 key/value heads)
 GQA = ("llama", "qwen2")
@@ -74,17 +75,17 @@ def _cache(model: torch.nn.Module, static: bool) -> dict[str, Any]:
 
 
 def _no_culprit(result: DumpComparison, culprits: list[Divergence], level: str) -> None:
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
     assert not culprits, [c.reason for c in culprits]
     # every module pairs with its own: what leaves it is where the other code is judged
     assert not [u.name for u in result.unmatched if u.name.startswith("Module.")]
     if level == "mix":  # with ops, every drifting call is rerun: noise, not inconclusive
-        assert result.verdict == "pass", result.report()
+        assert result.verdict == "pass", render(result)
 
 
 def _convicted_in(result: DumpComparison, module: str) -> Divergence:
     d = result.first_divergence
-    assert d is not None, result.report()
+    assert d is not None, render(result)
     where = d.module or ""
     assert where == module or where.startswith(module + "."), (
         f"convicted {d.name} in {d.module} ({d.rule}): {d.reason}"
@@ -226,11 +227,11 @@ def test_dumps_of_different_models_get_one_verdict(
     assert result.first_divergence is None
     assert not culprits
     assert result.different_models is not None
-    report = result.report()
+    report = render(result)
     assert "not the same model: 6 of " in report
     assert example in report
     assert "first divergence" not in report
-    result.write_json(tmp_path / "result.json")
+    write_json(result, tmp_path / "result.json")
     document = json.loads((tmp_path / "result.json").read_text())
     assert document["verdict"] == "different-models"
     assert len(document["different_models"]["differing"]) == 6
@@ -256,6 +257,6 @@ def test_differing_parameter_names_are_shown_escaped(tmp_path: Path) -> None:
     result = compare_dumps(path, path)
     name = "model.layers.0.\x1b[2Jevil.weight"
     result.different_models = ModelMismatch((ParameterDifference(name, 0, None, (4,)),), 20)
-    report = result.report()
+    report = render(result)
     assert "\x1b" not in report
     assert "\\x1b[2Jevil.weight only in the target" in report

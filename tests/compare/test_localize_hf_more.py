@@ -27,6 +27,7 @@ from pytest_precision import (
     capture,
     compare_dumps,
     load_dump,
+    render,
 )
 
 MODES = ("tensor", "statistics")
@@ -136,7 +137,7 @@ def test_planted_bug_is_convicted_where_it_was_measured(
     assert where is not None, f"{bug} changes nothing in {arch}: give it a Bug.skip"
     result, culprits = localize(golden(arch, mode), arch, bug, mode, tmp_path)
     d = result.first_divergence
-    assert d is not None, f"{bug} in {where!r}: no divergence\n{result.report()}"
+    assert d is not None, f"{bug} in {where!r}: no divergence\n{render(result)}"
     assert inside(d.module, where), (
         f"{bug} in {where!r}, convicted {d.name} in {d.module} ({d.rule}): {d.reason}"
     )
@@ -168,4 +169,4 @@ def test_a_prompt_alone_is_judged_against_its_row_of_the_batch(
     alone = capture_forward(build(arch), arch, tmp_path / "alone", "tensor", slice(0, 1))
     result = compare_dumps(golden(arch, "tensor"), alone)
     assert not result.unmatched, f"{len(result.unmatched)} calls left unaligned"
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_precision import compare_dumps, load_dump
+from pytest_precision import compare_dumps, load_dump, render
 
 ARCHS = Path(__file__).resolve().parents[2] / "fixtures" / "msprobe" / "archs"
 BUG_MODULES: dict[str, dict[str, str]] = json.loads((ARCHS / "bug_modules.json").read_text())
@@ -75,7 +75,7 @@ def test_a_planted_bug_is_found_at_its_module(arch: str, variant: str, dump: str
     the inputs that inherit bf16 drift from outputs made of them never excuse it."""
     result = compare_dumps(ARCHS / arch / f"clean_{dump}", ARCHS / arch / f"{variant}_{dump}")
     d = result.first_divergence
-    assert d is not None, result.report()
+    assert d is not None, render(result)
     module = BUG_MODULES[arch][variant]
     where = f"{d.name} [{d.module}] ({d.rule}): {d.reason}"
     if dump.startswith("L1"):
@@ -90,7 +90,7 @@ def test_a_bug_below_bf16_statistics_is_inconclusive_not_a_pass(
     arch: str, variant: str, dump: str
 ) -> None:
     result = compare_dumps(ARCHS / arch / f"clean_{dump}", ARCHS / arch / f"{variant}_{dump}")
-    assert result.verdict == "inconclusive", result.report()
+    assert result.verdict == "inconclusive", render(result)
 
 
 @pytest.mark.parametrize(("arch", "variant", "dump"), _cases(("clean_hash", "bf16"), frozenset()))
@@ -101,7 +101,7 @@ def test_the_clean_model_again_or_in_bf16_names_no_culprit(
     other order), and the whole model in bfloat16 against float32."""
     result = compare_dumps(ARCHS / arch / f"clean_{dump}", ARCHS / arch / f"{variant}_{dump}")
     d = result.first_divergence
-    assert d is None, result.report()
+    assert d is None, render(result)
 
 
 @pytest.mark.parametrize("dump", ["mix_statistics", "L1_statistics"])
@@ -112,12 +112,12 @@ def test_rotary_embeddings_in_set_order_are_paired_by_content(dump: str) -> None
     result = compare_dumps(
         ARCHS / "gemma3" / f"clean_{dump}", ARCHS / "gemma3" / f"clean_hash_{dump}"
     )
-    assert result.passed, result.report()
-    assert result.counts()["fail"] == 0, result.report()
+    assert result.passed, render(result)
+    assert result.counts()["fail"] == 0, render(result)
     moved = {(p.golden, p.target) for p in result.permuted}
     assert ("Tensor.cos.0.forward", "Tensor.cos.1.forward") in moved
     assert ("Tensor.cos.1.forward", "Tensor.cos.0.forward") in moved
-    assert "reordered: " in result.report()
+    assert "reordered: " in render(result)
 
 
 def test_a_slice_of_a_recorded_output_inherits_its_error() -> None:
@@ -127,6 +127,6 @@ def test_a_slice_of_a_recorded_output_inherits_its_error() -> None:
     result = compare_dumps(
         ARCHS / "gpt_neox" / "clean_mix_tensor", ARCHS / "gpt_neox" / "bf16_mix_tensor"
     )
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)
     assert any(d.derived.startswith("part of Functional.linear") for d in result.derived)
-    assert "derived: " in result.report()
+    assert "derived: " in render(result)

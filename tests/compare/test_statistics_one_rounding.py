@@ -26,7 +26,7 @@ from hf_bugs import threads
 from hf_zoo import build, inputs
 from torch.overrides import TorchFunctionMode
 
-from pytest_precision import Dump, capture, load_dump
+from pytest_precision import Dump, capture, load_dump, render
 
 MSPROBE = Path(__file__).resolve().parents[2] / "fixtures" / "msprobe"
 
@@ -195,7 +195,7 @@ def test_a_single_op_bug_with_clean_inputs_is_convicted_in_statistics(
         target = capture_forward(model, tmp_path / "target", kernel=bug)
     result, _ = judged_in_shards(golden(variant), target)
     d = result.first_divergence
-    assert d is not None, f"{bug}: no divergence\n{result.report()}"
+    assert d is not None, f"{bug}: no divergence\n{render(result)}"
     assert (d.name, d.module) == (name, module), f"{d.name} in {d.module} ({d.rule}): {d.reason}"
     if bug == "gelu_exact":  # the argument the target left out is what differs
         assert d.rule == "source"
@@ -224,7 +224,7 @@ def test_another_correct_implementation_is_not_convicted(
     assert d is None, f"{case}: false alarm at {d.name} in {d.module} ({d.rule}): {d.reason}"
     assert culprits == [], f"{case}: a shard convicts {culprits[0].name}: {culprits[0].reason}"
     if case != "bf16":  # bf16 against fp32 may end inconclusive in statistics
-        assert result.passed, result.report()
+        assert result.passed, render(result)
 
 
 # -- msprobe statistics: the rule does not depend on the format -------------------------------
@@ -251,7 +251,7 @@ def test_msprobe_statistics_convict_a_single_op_bug(case: str, tmp_path: Path) -
     inside the standard, is beyond one rounding plus the statistics' own summation."""
     result, _ = judged_in_shards(MSPROBE / case, _moved_silu_output(case, tmp_path, 3e-5))
     d = result.first_divergence
-    assert d is not None, result.report()
+    assert d is not None, render(result)
     assert (d.name, d.rule) == ("Functional.silu.0.forward", "clean inputs"), d.reason
     assert "beyond one rounding" in d.reason
 
@@ -261,4 +261,4 @@ def test_msprobe_statistics_within_their_own_summation_pass(case: str, tmp_path:
     """A move of a few float32 roundings (what msprobe's float32 sums of another correct
     SiLU differ by) is within the bound."""
     result, _ = judged_in_shards(MSPROBE / case, _moved_silu_output(case, tmp_path, 2e-7))
-    assert result.first_divergence is None, result.report()
+    assert result.first_divergence is None, render(result)

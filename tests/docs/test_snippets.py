@@ -164,6 +164,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
 #: Docs whose snippets name things the setup provides (README.md first).
 WITH_SETUP = [
     "README.md",
+    "docs/batch-invariance.md",
     "docs/compare.md",
     "docs/determinism.md",
     "docs/goldens-in-ci.md",

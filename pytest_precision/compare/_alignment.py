@@ -60,10 +60,14 @@ def _input_shapes(call: Call) -> tuple[tuple[int, ...], ...]:
     """An op's tensor input shapes, in any order (a keyword on one side may be positional on
     the other): a matmul over a static cache's padded length, or a reshape of another tensor,
     is another computation whose output has the same shape. A module is its path: its
-    inputs may differ too (a mask one attention implementation does not take)."""
+    inputs may differ too (a mask one attention implementation does not take). A mask
+    argument is left out for ops too: one side passing it and the other ``None`` (or
+    ``is_causal``) is the same attention, and the mask's values are judged as an argument."""
     if call.kind == "Module":
         return ()
-    return tuple(sorted(r.shape or () for r in call.inputs if r.is_tensor))
+    return tuple(
+        sorted(r.shape or () for r in call.inputs if r.is_tensor and "mask" not in r.slot)
+    )
 
 
 #: Ops that change a dtype: with ``with_dtypes`` their output dtype is part of what they are.

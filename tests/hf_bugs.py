@@ -1,4 +1,4 @@
-"""Planted bugs and noise cases for the tiny HF models of ``tests/hf_zoo.py`` (issue #10).
+"""Planted bugs and noise cases for the tiny HF models of ``tests/hf_zoo.py``.
 
 A bug patches ONE module instance of a freshly built model (its ``forward``, a weight or a
 buffer; never a class, so the golden built next to it stays clean) and returns the dotted path

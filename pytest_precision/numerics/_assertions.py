@@ -6,6 +6,7 @@ leaf pair is compared by :func:`compare_tensors`, and a failure names the path o
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 from collections.abc import Sequence
@@ -190,6 +191,9 @@ def _element(el: Any) -> str:
     return f"{el.index} (actual {_num(el.actual)}, expected {_num(el.expected)})"
 
 
+_ULP_AT_ZERO = " (at an expected 0, where one ulp is the smallest subnormal: read atol)"
+
+
 def format_report(item: ItemComparison, *, name: str | None = None) -> str:
     """The failure (or warning) report of one compared item; at most ~25 lines."""
     c = item.comparison
@@ -212,9 +216,21 @@ def format_report(item: ItemComparison, *, name: str | None = None) -> str:
             el = by_index.get(index) if index is not None else None
             where = _element(el) if el else f"{index}"
             lines.append(f"  {label}: {_num(value)} at {where}")
+    if d is not None and d.scale is not None:
+        lines.insert(
+            2,
+            f"  every element is the expected one times {d.scale:.6g}: a uniform scale "
+            "(a wrong constant or scale factor), not rounding",
+        )
+    at_zero = math.isinf(c.max_rel_err) and math.isfinite(c.max_ulp)
     lines.append(
         f"  cosine {c.cosine:.8f}  rmse {_num(c.rmse)}  sqnr {c.sqnr_db:.4g} dB  "
         f"max ulp {_num(c.max_ulp)}"
+        + (
+            " (at an expected 0, where one ulp is the smallest subnormal: read atol)"
+            if at_zero
+            else ""
+        )
     )
     lines.append(
         f"  within 1e-3 rel: {100 * c.thousandth_ratio:.4g} %  "

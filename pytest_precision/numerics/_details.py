@@ -13,6 +13,10 @@ from ._chunks import CHUNK_NUMEL, chunk_of, flatten_detached, ravel_index, unrav
 from ._dtypes import lower_precision
 from ._measure import ChunkPass, ElementRule
 
+#: How far apart the elementwise ratios actual / expected may be, relative to their distance
+#: from 1, for the pair to read as one uniform scale (rounding spreads them far wider).
+SCALE_SPREAD = 1e-3
+
 #: Upper edges of the relative-error histogram buckets (by decade); a last bucket holds the rest.
 HISTOGRAM_EDGES: tuple[float, ...] = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
@@ -37,7 +41,9 @@ class ErrorDetails:
     sides are counted. ``required_atol`` is the
     smallest atol that passes every element at the given rtol; ``required_rtol`` the smallest
     rtol at the given atol (inf when an element with expected 0 exceeds atol, and both inf when
-    non-finite values differ).
+    non-finite values differ). ``scale``: the factor when every actual element is its expected
+    one times the same number (within :data:`SCALE_SPREAD` of its distance from 1; expected
+    zeros matched by zeros): a wrong constant, not rounding. None otherwise.
     """
 
     first_mismatches: tuple[Element, ...]
@@ -46,6 +52,7 @@ class ErrorDetails:
     histogram: tuple[int, ...]
     required_atol: float
     required_rtol: float
+    scale: float | None = None
 
 
 def error_details(
@@ -76,6 +83,7 @@ def error_details(
     need_rtol = torch.zeros((), dtype=torch.float64, device=device)
     flat_a, flat_e = flatten_detached(actual), flatten_detached(expected)
     nonfinite_mismatch = False
+    ratio_low, ratio_high, zeros_kept = math.inf, -math.inf, True
     for start in range(0, flat_a.numel(), chunk_numel):
         a, e = chunk_of(flat_a, start, chunk_numel), chunk_of(flat_e, start, chunk_numel)
         finite = torch.isfinite(a) & torch.isfinite(e)
@@ -99,6 +107,13 @@ def error_details(
         keep = torch.topk(worst_values, min(k, worst_values.numel()))
         worst_values, worst_index = keep.values, worst_index[keep.indices]
         histogram += torch.bincount(torch.bucketize(rel_err, edges), minlength=histogram.numel())
+        if all_finite:
+            nonzero = e != 0
+            zeros_kept = zeros_kept and not bool(a[~nonzero].any())
+            if bool(nonzero.any()):
+                ratio = a[nonzero].double() / e[nonzero].double()
+                ratio_low = min(ratio_low, float(ratio.amin()))
+                ratio_high = max(ratio_high, float(ratio.amax()))
         need_atol = torch.maximum(need_atol, (err.abs_err - rtol * err.expected_abs).amax())
         need_rtol = torch.maximum(
             need_rtol,
@@ -122,4 +137,14 @@ def error_details(
         # No tolerance admits a non-finite mismatch.
         required_atol=math.inf if nonfinite_mismatch else max(float(need_atol), 0.0),
         required_rtol=math.inf if nonfinite_mismatch else float(need_rtol),
+        scale=_uniform_scale(ratio_low, ratio_high, zeros_kept and not nonfinite_mismatch),
     )
+
+
+def _uniform_scale(low: float, high: float, zeros_kept: bool) -> float | None:
+    """The common factor of the elementwise ratios ``low`` .. ``high``, if they are one."""
+    if not zeros_kept or not math.isfinite(low) or not math.isfinite(high):
+        return None
+    middle = (low + high) / 2
+    off = abs(middle - 1)
+    return middle if off > 0 and high - low <= SCALE_SPREAD * off else None

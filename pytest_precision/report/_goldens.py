@@ -17,7 +17,9 @@ from ..golden._layout import SCHEMA_VERSION
 
 
 def record_order(record: dict[str, Any]) -> tuple[Any, ...]:
-    """Worst first: by status, then the share of mismatched elements, then cosine."""
+    """Worst first: by status, then the share of mismatched elements, then cosine, then test;
+    a stable sort keeps a test's goldens in the order the test checked them (forward order for
+    a model's layers, not alphabetical: ``logits`` last)."""
     worst = record.get("worst", {})
     cosine = worst.get("cosine", 1.0)
     numel = worst.get("numel") or 1
@@ -26,7 +28,6 @@ def record_order(record: dict[str, Any]) -> tuple[Any, ...]:
         -worst.get("mismatch_count", 0) / numel,
         cosine if isinstance(cosine, float) else -1.0,
         record["test"],
-        record["name"],
     )
 
 

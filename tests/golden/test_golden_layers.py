@@ -1,4 +1,4 @@
-"""Issue #15's bar through the real path: layer and logit goldens of tiny HF models recorded
+"""Layer goldens through the real path: layer and logit goldens of tiny HF models recorded
 with ``pytest --golden-dir D --golden-update``, then checked with ``pytest --golden-dir D``:
 an honest port passes every golden, each planted bug fails first at the layer it enters."""
 

@@ -26,7 +26,7 @@ from hf_bugs import threads
 from hf_zoo import build, inputs
 from torch.overrides import TorchFunctionMode
 
-from pytest_precision import Dump, capture, load_dump
+from pytest_precision import Dump, capture, compare_dumps, load_dump
 
 MSPROBE = Path(__file__).resolve().parents[2] / "fixtures" / "msprobe"
 
@@ -243,6 +243,28 @@ def _moved_silu_output(case: str, tmp: Path, relative: float) -> Path:
         output[key] = output[key] * (1 + relative)
     dump_json.write_text(json.dumps(dump))
     return target
+
+
+@pytest.mark.parametrize(
+    ("level", "bug", "name", "module"),
+    [
+        ("mix", "softmax_fp16", "Functional.softmax.0.forward", "model.layers.0.self_attn"),
+        ("l1", "silu_formula", "Functional.silu.0.forward", None),  # L1 records no modules
+    ],
+)
+def test_real_msprobe_statistics_convict_a_single_op_kernel_bug(
+    level: str, bug: str, name: str, module: str | None
+) -> None:
+    """msprobe 26.2's own dumps (fixtures/msprobe/make_dumps.py) of the tiny Llama, clean and
+    with a kernel bug msprobe records as the golden's call: before, the softmax in fp16 ended
+    inconclusive and the SiLU formula passed."""
+    golden = MSPROBE / f"single_op_golden_{level}_statistics"
+    result, _ = judged_in_shards(golden, MSPROBE / f"single_op_{bug}_{level}_statistics")
+    d = result.first_divergence
+    assert d is not None, result.report()
+    assert (d.name, d.module, d.rule) == (name, module, "clean inputs"), d.reason
+    assert "output statistics beyond one rounding" in d.reason
+    assert compare_dumps(golden, golden).passed
 
 
 @pytest.mark.parametrize("case", ["hf_llama_mix_statistics", "hf_llama_l1_statistics"])

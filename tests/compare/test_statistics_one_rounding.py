@@ -86,6 +86,17 @@ def _linear_split_k(
     return out if bias is None else out + bias
 
 
+def _layer_norm_eps_off(
+    x: torch.Tensor,
+    shape: list[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """A LayerNorm kernel whose eps is 10% off the one it is passed."""
+    return F.layer_norm(x, shape, weight, bias, eps * 1.1)
+
+
 def _gelu_exact(model: torch.nn.Module) -> None:
     """The MLP's tanh-approximated GELU replaced by exact GELU: the target calls ``F.gelu``
     without the golden's ``approximate="tanh"``."""
@@ -124,6 +135,7 @@ KERNELS: dict[str, tuple[Callable[..., Any], Callable[..., torch.Tensor]]] = {
     "silu_through_tanh": (F.silu, _silu_through_tanh),
     "softmax_spelled_out": (F.softmax, _softmax_spelled_out),
     "linear_split_k": (F.linear, _linear_split_k),
+    "layer_norm_eps": (F.layer_norm, _layer_norm_eps_off),
 }
 
 #: (golden variant, bug, the op convicted, its module)
@@ -134,6 +146,7 @@ PLANTED = [
     ("gpt2", "softmax_fp16", "Functional.softmax.0.forward", "transformer.h.0.attn"),
     ("llama", "silu_formula", "Functional.silu.0.forward", "model.layers.0.mlp.act_fn"),
     ("qwen2", "silu_formula", "Functional.silu.0.forward", "model.layers.0.mlp.act_fn"),
+    ("gpt2", "layer_norm_eps", "Functional.layer_norm.0.forward", "transformer.h.0.ln_1"),
     ("gemma", "gelu_exact", "Functional.gelu.0.forward", "model.layers.0.mlp.act_fn"),
     ("gpt2_tanh", "gelu_exact", "Functional.gelu.0.forward", "transformer.h.0.mlp.act"),
 ]

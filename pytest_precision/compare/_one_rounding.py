@@ -38,8 +38,12 @@ ELEMENTWISE = frozenset({
 # fmt: on
 
 #: Ops whose output is drawn at random: two correct runs differ by design.
-RANDOM = frozenset({"dropout", "rand", "randn", "randint", "rand_like", "randn_like",
-                    "bernoulli", "multinomial", "normal", "uniform", "exponential"})  # fmt: skip
+# fmt: off
+RANDOM = frozenset({
+    "dropout", "rand", "randn", "randint", "rand_like", "randn_like", "bernoulli",
+    "multinomial", "normal", "uniform", "exponential",
+})
+# fmt: on
 
 
 def judge_one_rounding(

@@ -26,7 +26,7 @@ from hf_bugs import threads
 from hf_zoo import build, inputs
 from torch.overrides import TorchFunctionMode
 
-from pytest_precision import Dump, capture, load_dump, render
+from pytest_precision import Dump, capture, compare_dumps, load_dump, render
 
 MSPROBE = Path(__file__).resolve().parents[2] / "fixtures" / "msprobe"
 
@@ -86,6 +86,17 @@ def _linear_split_k(
     return out if bias is None else out + bias
 
 
+def _layer_norm_eps_off(
+    x: torch.Tensor,
+    shape: list[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """A LayerNorm kernel whose eps is 10% off the one it is passed."""
+    return F.layer_norm(x, shape, weight, bias, eps * 1.1)
+
+
 def _gelu_exact(model: torch.nn.Module) -> None:
     """The MLP's tanh-approximated GELU replaced by exact GELU: the target calls ``F.gelu``
     without the golden's ``approximate="tanh"``."""
@@ -124,6 +135,7 @@ KERNELS: dict[str, tuple[Callable[..., Any], Callable[..., torch.Tensor]]] = {
     "silu_through_tanh": (F.silu, _silu_through_tanh),
     "softmax_spelled_out": (F.softmax, _softmax_spelled_out),
     "linear_split_k": (F.linear, _linear_split_k),
+    "layer_norm_eps": (F.layer_norm, _layer_norm_eps_off),
 }
 
 #: (golden variant, bug, the op convicted, its module)
@@ -134,6 +146,7 @@ PLANTED = [
     ("gpt2", "softmax_fp16", "Functional.softmax.0.forward", "transformer.h.0.attn"),
     ("llama", "silu_formula", "Functional.silu.0.forward", "model.layers.0.mlp.act_fn"),
     ("qwen2", "silu_formula", "Functional.silu.0.forward", "model.layers.0.mlp.act_fn"),
+    ("gpt2", "layer_norm_eps", "Functional.layer_norm.0.forward", "transformer.h.0.ln_1"),
     ("gemma", "gelu_exact", "Functional.gelu.0.forward", "model.layers.0.mlp.act_fn"),
     ("gpt2_tanh", "gelu_exact", "Functional.gelu.0.forward", "transformer.h.0.mlp.act"),
 ]
@@ -243,6 +256,28 @@ def _moved_silu_output(case: str, tmp: Path, relative: float) -> Path:
         output[key] = output[key] * (1 + relative)
     dump_json.write_text(json.dumps(dump))
     return target
+
+
+@pytest.mark.parametrize(
+    ("level", "bug", "name", "module"),
+    [
+        ("mix", "softmax_fp16", "Functional.softmax.0.forward", "model.layers.0.self_attn"),
+        ("l1", "silu_formula", "Functional.silu.0.forward", None),  # L1 records no modules
+    ],
+)
+def test_real_msprobe_statistics_convict_a_single_op_kernel_bug(
+    level: str, bug: str, name: str, module: str | None
+) -> None:
+    """msprobe 26.2's own dumps (fixtures/msprobe/make_dumps.py) of the tiny Llama, clean and
+    with a kernel bug msprobe records as the golden's call: before, the softmax in fp16 ended
+    inconclusive and the SiLU formula passed."""
+    golden = MSPROBE / f"single_op_golden_{level}_statistics"
+    result, _ = judged_in_shards(golden, MSPROBE / f"single_op_{bug}_{level}_statistics")
+    d = result.first_divergence
+    assert d is not None, render(result)
+    assert (d.name, d.module, d.rule) == (name, module, "clean inputs"), d.reason
+    assert "output statistics beyond one rounding" in d.reason
+    assert compare_dumps(golden, golden).passed
 
 
 @pytest.mark.parametrize("case", ["hf_llama_mix_statistics", "hf_llama_l1_statistics"])

@@ -97,6 +97,9 @@ def comparison_data(result: DumpComparison) -> dict[str, Any]:
         "records": rows,
         "layers": _layers(rows),
         "culprit": culprit,
+        "different_models": None
+        if result.different_models is None
+        else result.different_models.to_dict(),
         "divergence": None
         if d is None
         else {
@@ -289,6 +292,9 @@ const C = DATA.comparison || null;
 if (C) {
   summary.append(el("h2", null, "Dump comparison"), el("p", null, "Verdict: ",
     el("span", {class: "verdict " + (C.verdict === "pass" ? "ok" : "bad")}, C.verdict), " ", C.golden, " vs ", C.target));
+  const m = C.different_models;
+  if (m) summary.append(el("p", null, "Not the same model: ", m.differing.length, " of ", m.compared,
+    " parameters differ in name or shape, first: ", m.differing.slice(0, 3).map(x => x.name).join(", ")));
   const d = C.divergence;
   if (d) summary.append(el("p", null, "Culprit: ", el("b", null, d.name), " in ", el("code", null, d.module),
     " (layer ", d.layer, "), cause ", d.cause, ": ", d.reason));

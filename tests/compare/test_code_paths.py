@@ -25,6 +25,7 @@ from pytest_precision import Divergence, DumpComparison, capture, compare_dumps,
 from pytest_precision.cli import main
 from pytest_precision.compare._results import ModelMismatch, ParameterDifference
 from pytest_precision.report import write_json
+from pytest_precision.report._html import dump_comparison_html
 
 #: two grouped-query architectures (4 query heads, 2 key/value heads)
 GQA = ("llama", "qwen2")
@@ -260,3 +261,15 @@ def test_differing_parameter_names_are_shown_escaped(tmp_path: Path) -> None:
     report = render(result)
     assert "\x1b" not in report
     assert "\\x1b[2Jevil.weight only in the target" in report
+
+
+def test_the_html_page_says_not_the_same_model(tmp_path: Path) -> None:
+    """The page carries the differing parameters as data (escaped JSON, shown as text)."""
+    path = _capture(_model("llama"), tmp_path / "dump", use_cache=False)
+    result = compare_dumps(path, path)
+    name = "model.</script><script>alert(1)</script>.weight"
+    result.different_models = ModelMismatch((ParameterDifference(name, 0, (4,), None),), 20)
+    page = dump_comparison_html(result)
+    assert "Not the same model" in page
+    assert "<script>alert(1)" not in page
+    assert "alert(1)" in page

@@ -52,12 +52,20 @@ def _repaired(
     same = [distance(golden[g], target[t]) for g, t in group]
     if not any(d > 0.0 for d in same):
         return []
-    # greedy assignment by distance within the window: exact and near pairs are taken first
+    # greedy assignment by distance within the window: exact and near pairs are taken first;
+    # a partner whose first output alone is too far to gain is not measured (a lower bound)
+    g_first = [_first_output(golden[g]) for g, _ in group]
+    t_first = [_first_output(target[t]) for _, t in group]
     costs = sorted(
-        (distance(golden[group[i][0]], target[group[j][1]]), abs(i - j), i, j)
+        (
+            same[i] if i == j else distance(golden[group[i][0]], target[group[j][1]]),
+            abs(i - j),
+            i,
+            j,
+        )
         for i in range(n)
         for j in range(max(0, i - WINDOW), min(n, i + WINDOW + 1))
-        if same[i] > 0.0 or i == j
+        if i == j or (same[i] > 0.0 and _bound(g_first[i], t_first[j]) * CLOSER < same[i])
     )
     chosen: dict[int, int] = {}
     taken: set[int] = set()
@@ -76,6 +84,17 @@ def _repaired(
         if len(cycle) > 1 and _independent([target[group[i][1]] for i in cycle]):
             out.extend((group[i][0], group[chosen[i]][1]) for i in cycle)
     return out
+
+
+def _first_output(call: Call) -> Record | None:
+    return call.outputs[0] if call.outputs else None
+
+
+def _bound(golden: Record | None, target: Record | None) -> float:
+    """What two calls' first outputs alone say of their distance (it is at least this)."""
+    if golden is None or target is None or golden.slot != target.slot:
+        return 0.0
+    return _record_distance(golden, target)
 
 
 def _better(cost: float, same: float, identity: bool) -> bool:

@@ -410,9 +410,3 @@ def model_inputs(arch: str, rows: slice = slice(None)) -> dict[str, torch.Tensor
     if not ARCHS[arch].positions:
         batch.pop("position_ids")
     return batch
-
-
-def forward(model: torch.nn.Module, arch: str) -> torch.Tensor:
-    """One forward of the batch; the logits."""
-    with torch.no_grad():
-        return model(**model_inputs(arch), use_cache=False).logits

@@ -391,13 +391,17 @@ ARCHS: dict[str, Arch] = {
 }
 
 
-def build(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """The tiny model of ``arch``: seeded random weights, eager attention, eval mode."""
+def build(
+    arch: str, dtype: torch.dtype = torch.float32, attention: str = "eager"
+) -> torch.nn.Module:
+    """The tiny model of ``arch``: seeded random weights, eval mode, ``attention`` as HF's
+    ``attn_implementation`` (eager unless asked)."""
     from transformers import AutoModelForCausalLM
 
+    config = ARCHS[arch].config()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = AutoModelForCausalLM.from_config(ARCHS[arch].config(), attn_implementation="eager")
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
     model = model.to(dtype).eval()
     model.requires_grad_(False)
     return model
@@ -410,9 +414,3 @@ def model_inputs(arch: str, rows: slice = slice(None)) -> dict[str, torch.Tensor
     if not ARCHS[arch].positions:
         batch.pop("position_ids")
     return batch
-
-
-def forward(model: torch.nn.Module, arch: str) -> torch.Tensor:
-    """One forward of the batch; the logits."""
-    with torch.no_grad():
-        return model(**model_inputs(arch), use_cache=False).logits

@@ -2,7 +2,7 @@
 (``hf_zoo_more``, ``hf_bugs_more``): every planted bug is convicted inside the module where
 forward hooks measured it (the truth, not the plant), noise pairs name no culprit.
 
-The fast subset (one case of each bug class, on a few architectures, and the noise pairs of two)
+The fast subset (one case of each bug class, on a few architectures, and the noise pairs of three)
 runs by default; the whole matrix is ``slow``. Mix level only (``test_localize_hf`` covers the
 module level on its zoo). One golden per (architecture, mode), made once per module; every test
 runs on one torch thread, so goldens and targets are the same in whatever order they run.
@@ -35,7 +35,7 @@ MODES = ("tensor", "statistics")
 #: one case of each bug class, on as many families as the classes allow
 FAST = {
     "norm_eps": "gpt_neox",
-    "activation": "nemotron",
+    "activation": "gemma3",  # exact GELU for tanh-GELU: a small move in statistics
     "gqa_mapping": "falcon",
     "softmax_bf16": "bloom",
     "residual_bf16": "olmo2",
@@ -66,7 +66,7 @@ def _case(arch: str, case: str, mode: str, fast: bool) -> object:
     marks: list[pytest.MarkDecorator] = [] if fast else [pytest.mark.slow]
     reason = KNOWN.get((arch, case, mode))
     if reason is not None:
-        marks.append(pytest.mark.xfail(strict=True, reason=reason))
+        marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason))
     return pytest.param(arch, case, mode, marks=marks, id=f"{arch}-{case}-{mode}")
 
 
@@ -157,6 +157,7 @@ def test_noise_names_no_culprit(
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="compare_dumps cannot judge one row of a batch: calls align by their shapes, so a "
     "prompt alone against the batch it was in aligns a few shape-free calls (14 of 231 in GLM) "
     "and passes on them; in the MoE and Mamba models those few (the expert counts' histc, the "
@@ -170,3 +171,33 @@ def test_a_prompt_alone_is_judged_against_its_row_of_the_batch(
     result = compare_dumps(golden(arch, "tensor"), alone)
     assert not result.unmatched, f"{len(result.unmatched)} calls left unaligned"
     assert result.first_divergence is None, render(result)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="padding in another attention: eager and SDPA agree to 1e-6 at real positions but "
+    "put out other values at row 1's fully masked pad positions (1.0 apart in layer 0's "
+    "attention output, 3 of 16 rows: '81.25 % within'), with grouped or one-per-head keys; "
+    "the judge, which does not know the attention mask, convicts the transpose of SDPA's "
+    "output as code only one run has",
+)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "gemma3",
+        pytest.param("gpt_neox", marks=pytest.mark.slow),
+        pytest.param("falcon", marks=pytest.mark.slow),
+        pytest.param("olmoe", marks=pytest.mark.slow),
+    ],
+)
+def test_sdpa_against_eager_names_no_culprit(
+    golden: Callable[[str, str], Dump], arch: str, mode: str, tmp_path: Path
+) -> None:
+    model = build(arch, attention="sdpa")
+    target = capture_forward(model, arch, tmp_path / "sdpa", mode)
+    result, culprits = judged_in_shards(golden(arch, mode), target)
+    d = result.first_divergence
+    assert d is None, f"false alarm at {d.name} in {d.module} ({d.rule}): {d.reason}"
+    assert culprits == []

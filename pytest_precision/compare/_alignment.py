@@ -65,9 +65,7 @@ def _input_shapes(call: Call) -> tuple[tuple[int, ...], ...]:
     ``is_causal``) is the same attention, and the mask's values are judged as an argument."""
     if call.kind == "Module":
         return ()
-    return tuple(
-        sorted(r.shape or () for r in call.inputs if r.is_tensor and "mask" not in r.slot)
-    )
+    return tuple(sorted(r.shape or () for r in call.inputs if r.is_tensor and "mask" not in r.slot))
 
 
 #: Ops that change a dtype: with ``with_dtypes`` their output dtype is part of what they are.

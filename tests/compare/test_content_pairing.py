@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_precision import Dump, compare_dumps
+from pytest_precision import Dump, compare_dumps, render
 from pytest_precision.compare._alignment import align
 from pytest_precision.compare._derivation import relation
 from pytest_precision.dump._records import Call, Record
@@ -113,7 +113,7 @@ def test_an_input_drifting_where_its_match_is_exact_stays_a_source() -> None:
     golden = torch.full((4, 2), 0.25)
     result = compare_dumps(_dump(golden), _dump(golden * 1.5))
     d = result.first_divergence
-    assert d is not None, result.report()
+    assert d is not None, render(result)
     assert (d.name, d.rule) == ("Tensor.__add__.0.forward", "source"), d.reason
     assert "no view, cast or slice of a recorded output drifting as much" in d.reason
     assert result.derived == []

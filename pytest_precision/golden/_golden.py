@@ -28,9 +28,9 @@ from ..numerics._standards import Standard
 from ..runtime._devices import flat_fingerprint
 from ._comparing import compare_leaves, validate
 from ._envelope import NO_REQUEST, EnvelopeRequest, measure_envelope
-from ._files import Entry, NewerSchemaError, flatten
+from ._files import Entry, flatten
 from ._masking import LeftOut, left_out_line, left_out_record, masked_call
-from ._messages import mismatch_lines, record_hint
+from ._messages import mismatch_lines, record_hint, unreadable_error
 from ._names import GoldenNames
 from ._records import comparison_excess, device_of, golden_record
 from ._shadow import RerunBook, Resolved, ShadowRun, make_pending, wants_reference
@@ -265,16 +265,9 @@ class Golden:
     def _problem_error(self, name: str, found: Found) -> Exception:
         """Record a check that had nothing to compare with; the error to raise."""
         if found.problem == "unreadable":
-            error = found.error
-            assert isinstance(error, DumpFormatError)
-            self._record(name, found.where, "error", message=str(error))
-            if not isinstance(error, NewerSchemaError):  # re-recording would lose a newer file
-                error = DumpFormatError(
-                    error.path, f"{error.problem}\n{self._hint('re-record it')}"
-                )
-            # raised here, not where the file was read: the failure is the test's line and
-            # this message, without the reader's frames
-            return error.with_traceback(None)
+            assert isinstance(found.error, DumpFormatError)
+            self._record(name, found.where, "error", message=str(found.error))
+            return unreadable_error(found.error, self._hint("re-record it"))
         if found.problem == "missing":
             self._record(name, found.where, "missing", message="no golden")
             return AssertionError(

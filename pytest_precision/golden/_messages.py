@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._errors import DumpFormatError
 from ..numerics._assertions import Comparison
 from ._envelope import describe
+from ._files import NewerSchemaError
 from ._sources import GoldenSource
 
 _SUGGEST_ENVELOPE = (
@@ -62,3 +64,13 @@ def record_hint(what: str, source: GoldenSource, test_id: str, command: str | No
         )
     command = command or f"Golden({str(source.path)!r}, {test_id!r}, update=True)(value, name)"
     return f"{what} with:\n  {command}"
+
+
+def unreadable_error(error: DumpFormatError, hint: str) -> DumpFormatError:
+    """The failure of a golden that could not be read: the file, the problem and ``hint`` (the
+    command that re-records it), raised without the reader's frames so that the failure is
+    the test's line and this message. A file of a newer schema keeps its own message:
+    re-recording it would lose it."""
+    if not isinstance(error, NewerSchemaError):
+        error = DumpFormatError(error.path, f"{error.problem}\n{hint}")
+    return error.with_traceback(None)

@@ -19,8 +19,9 @@ outside torch (a numpy view, a kernel writing out of bounds: a *stomp*). Such a 
 recorded anew, and :attr:`RecordedTensors.changed_since` names the record it no longer equals,
 so the stomped values reach the dump and the record says where they changed. The sum is one
 integer reduction over the tensor, about as fast as a copy and several times cheaper than its
-statistics; it misses a write that only permutes words or whose changes cancel exactly. On an
-accelerator it waits for the device, as a new record's copy or statistics already do.
+statistics (over a large parameter's edges and a sparse sample only: see :func:`fingerprint`);
+it misses a write that only permutes words or whose changes cancel exactly. On an accelerator it
+waits for the device, as a new record's copy or statistics already do.
 
 Entries hold weak references to the base and go with it, so nothing is kept alive; the record
 keys they hold are let go then (the writer drops what it kept for them).
@@ -50,12 +51,24 @@ def _base(t: torch.Tensor) -> torch.Tensor:
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+#: A parameter's fingerprint reads its first and last ``_EDGE_WORDS`` 64-bit words (64 KiB
+#: each) and one word in every ``_SAMPLE_STRIDE`` (8 KiB) between them.
+_EDGE_WORDS = 8192
+_SAMPLE_STRIDE = 1024
+
+
 def fingerprint(t: torch.Tensor) -> int | None:
     """The sum of ``t``'s bit patterns as integers, wrapping (``None`` when it has none to
     tell). A contiguous tensor is summed as 64-bit (else 32-bit) words whatever its dtype: an
     integer sum in its own dtype is as fast as a copy, ten times faster than widening each
     element on the way; only an odd-sized or misaligned one, or a strided view of a 1- or
-    2-byte dtype, widens its elements."""
+    2-byte dtype, widens its elements.
+
+    A large parameter (``nn.Parameter``) is summed over its edges and a sparse sample only: a
+    decode step reads each weight once, and a full sum would read it a second time for each
+    record of it (50 - 60 % more capture time per step). The edges are where an overflow from
+    a neighbouring buffer (a KV-cache write past its block) lands; a write into the middle of
+    a weight that misses the sample goes unseen."""
     if t.is_conj() or t.is_neg():
         return None
     size = t.element_size()
@@ -64,13 +77,23 @@ def fingerprint(t: torch.Tensor) -> int | None:
         word = torch.int64 if nbytes % 8 == 0 else torch.int32 if nbytes % 4 == 0 else None
         if word is not None:
             try:
-                return int(t.reshape(-1).view(torch.uint8).view(word).sum(dtype=word))
+                words = t.reshape(-1).view(torch.uint8).view(word)
             except RuntimeError:  # a storage offset not aligned to the word
                 pass
+            else:
+                if isinstance(t, torch.nn.Parameter) and words.numel() > 4 * _EDGE_WORDS:
+                    return _sampled(words)
+                return int(words.sum(dtype=word))
     bits = _BITS.get(size)
     if bits is None:
         return None
     return int(t.view(bits).sum(dtype=bits if size >= 4 else torch.int64))
+
+
+def _sampled(words: torch.Tensor) -> int:
+    """A parameter's words summed over its edges and one word in every ``_SAMPLE_STRIDE``."""
+    edges = words[:_EDGE_WORDS].sum(dtype=words.dtype) + words[-_EDGE_WORDS:].sum(dtype=words.dtype)
+    return int(edges + words[_EDGE_WORDS:-_EDGE_WORDS:_SAMPLE_STRIDE].sum(dtype=words.dtype))
 
 
 def _storage(t: torch.Tensor | None) -> int:

@@ -112,3 +112,19 @@ def test_a_recorded_call_writing_its_out_argument_is_no_stomp(tmp_path: Path) ->
     filled = tensor_stats(torch.full((4,), 8.0))
     assert records["Custom.pp_stomp_test.fill.0.forward.output.out"].stats == filled
     assert records["Tensor.neg.0.forward.input.0"].stats == filled
+
+
+@pytest.mark.parametrize("where", ["head", "tail", "sampled word"])
+def test_a_large_parameter_is_verified_where_overflows_land(where: str) -> None:
+    """A weight is checked over its first and last 64 KiB and a sparse sample (a full sum
+    would read it again for every record of it in a decode step): an overflow from a
+    neighbouring buffer lands on its edges."""
+    recorded = RecordedTensors(lambda key: None)
+    weight = torch.nn.Parameter(torch.ones(256, 1024), requires_grad=False)
+    recorded.remember(weight, "0", "parameters.weight")
+    assert recorded.key_of(weight) == "0"
+    flat = weight.detach().view(-1)
+    offset = {"head": 0, "tail": flat.numel() - 3, "sampled word": 2 * 16384}[where]
+    stomp(flat[offset:], count=3)
+    assert recorded.key_of(weight) is None
+    assert recorded.changed_since == "parameters.weight"

@@ -29,7 +29,10 @@ keys they hold are let go then (the writer drops what it kept for them).
 ``torch.distributed`` collectives bump no version counter either, and are recorded calls:
 capture tells :meth:`RecordedTensors.forget` what they wrote. Inference tensors have no version
 counter, and tensors of a dtype wider than 8 bytes (``complex128``) or with a conjugate or
-negative bit no fingerprint: neither is ever reused.
+negative bit no fingerprint: neither is ever reused. Nor is an accelerator's tensor: verifying
+it would read its fingerprint back to the host, a synchronisation per record; each of its records
+is reduced on the device instead (asynchronously), and a stomp there shows as a reader's record
+that differs from its producer's, which the judge finds in the dump.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
+
+from . import _writer
 
 
 def _base(t: torch.Tensor) -> torch.Tensor:
@@ -150,6 +155,8 @@ class RecordedTensors:
         """Note that ``t``, as it is now, was recorded under ``key`` (in the record ``label``,
         which :attr:`changed_since` gives back if its content changes unseen)."""
         if t.is_inference():  # no version counter: a later write would go unseen
+            return
+        if _writer.reduced_on_device(t):  # a fingerprint is a read back to the host per record
             return
         geometry = self._geometry(t)
         content = None if geometry is None else fingerprint(t)

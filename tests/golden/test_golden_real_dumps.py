@@ -101,7 +101,7 @@ def test_the_layer_helper_against_a_native_capture(
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
     with capture(model, tmp_path / "baseline", level="module"):
         model(torch.arange(16.0).reshape(2, 8) / 16)
-    pytester.makepyfile(test_layers=LAYERS_TEST)
+    pytester.makepyfile(test_layer_helper_on_a_dump=LAYERS_TEST)
     result = pytester.runpytest(
         "-p", "no:cacheprovider", "--golden-dir", str(tmp_path / "baseline")
     )

@@ -109,6 +109,8 @@ def check_batch_invariance(
     rows = [as_int_list(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
     chosen = _needles(needles, len(rows))
     sizes = _batch_sizes(batch_sizes)
+    if len(rows) < 2:
+        raise PrecisionInputError("prompts: batch invariance needs at least two prompts")
     if any(not row for row in rows):
         raise PrecisionInputError("prompts: every prompt needs at least one token")
     pad = _pad_id(model, pad_token_id)
@@ -160,10 +162,16 @@ def batch_message(result: BatchInvariance, cases: Sequence[BatchCase] | None = N
     return "\n".join([head, *(f"  {case_line(case)}" for case in listed)])
 
 
-def _judge(needle: int, layout: RowLayout, alone: Path, batched: Path, standard: Any) -> BatchCase:
+def _judge(
+    needle: int,
+    layout: RowLayout,
+    alone: Path,
+    batched: Path,
+    standard: Standard | StandardName | None,
+) -> BatchCase:
     view = row_view(load_dump(alone), load_dump(batched), layout)
     comparison = compare_dumps(view.alone, view.batched, standard=standard)
-    variant = first_variant(comparison.records)
+    variant = _first_variant(comparison.records)
     if comparison.verdict == "divergence":
         verdict: BatchVerdict = "bug"
     elif comparison.verdict != "pass":
@@ -184,7 +192,7 @@ def _judge(needle: int, layout: RowLayout, alone: Path, batched: Path, standard:
     )
 
 
-def first_variant(records: Sequence[RecordComparison]) -> RecordComparison | None:
+def _first_variant(records: Sequence[RecordComparison]) -> RecordComparison | None:
     """The first output record, in execution order, of an op whose inputs are bitwise equal
     and whose output is not: where the batch changed the arithmetic."""
     calls: dict[tuple[int, int, str], list[RecordComparison]] = {}
@@ -225,13 +233,13 @@ def _captured(
     side: PaddingSide,
     path: Path,
 ) -> Path:
-    inputs = padded_batch(rows, pad, side)
+    inputs = _padded_batch(rows, pad, side)
     with torch.no_grad(), capture(model, path, level="mix", mode="tensor"):
         run(model, inputs)
     return path
 
 
-def padded_batch(
+def _padded_batch(
     rows: Sequence[Sequence[int]], pad: int, side: PaddingSide
 ) -> dict[str, torch.Tensor]:
     """``input_ids``, ``attention_mask`` and ``position_ids`` of ``rows`` padded to the longest
@@ -265,8 +273,6 @@ def _batch_of(rows: list[list[int]], needle: int, size: int) -> tuple[list[list[
     """A batch of ``size`` rows with the needle in the middle row and the prompts after it,
     in turn, around it."""
     others = [rows[(needle + k) % len(rows)] for k in range(1, size)]
-    if len(rows) == 1:
-        raise PrecisionInputError("prompts: batch invariance needs at least two prompts")
     row = (size - 1) // 2
     return [*others[:row], rows[needle], *others[row:]], row
 

@@ -68,6 +68,11 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="PATH",
         help="write one row per record of --precision-compare as CSV (as `compare --csv`)",
     )
+    group.addoption(
+        "--precision-compare-html",
+        metavar="PATH",
+        help="write --precision-compare's self-contained HTML page (as `compare --html`)",
+    )
 
 
 class ComparePlugin:
@@ -77,11 +82,12 @@ class ComparePlugin:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.worker = hasattr(config, "workerinput")
-        json_path = config.getoption("precision_compare_json")
-        csv_path = config.getoption("precision_compare_csv")
         base = config.invocation_params.dir
-        self.json_path = None if json_path is None else base / json_path
-        self.csv_path = None if csv_path is None else base / csv_path
+        self.outputs = {
+            kind: None if path is None else base / path
+            for kind in ("json", "csv", "html")
+            for path in (config.getoption(f"precision_compare_{kind}"),)
+        }
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if self.config.pluginmanager.has_plugin("dsession"):
@@ -159,12 +165,17 @@ class ComparePlugin:
         result = comparison.result()
         self.config.stash[_RESULT_KEY] = result
         self.config.stash[_JUDGE_MEASURED_KEY] = comparison.measurements.computed - before
-        from ..report import write_csv, write_json
+        from ..report import render_html, write_csv, write_json
+        from ..report._html import write_html
 
-        if self.json_path is not None:
-            write_json(result, self.json_path)
-        if self.csv_path is not None:
-            write_csv(result, self.csv_path)
+        writers = {
+            "json": lambda path: write_json(result, path),
+            "csv": lambda path: write_csv(result, path),
+            "html": lambda path: write_html(path, render_html(result)),
+        }
+        for kind, path in self.outputs.items():
+            if path is not None:
+                writers[kind](path)
         if not result.passed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

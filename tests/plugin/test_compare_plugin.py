@@ -74,8 +74,9 @@ def test_the_session_is_the_comparison_and_its_report(
     golden, target = tp
     pytester.makepyfile(test_unrelated="def test_not_collected():\n    assert False\n")
     result = pytester.runpytest(
-        "--precision-compare", str(golden), str(target), "--precision-compare-json", "c.json"
-    )
+        "--precision-compare", str(golden), str(target), "--precision-compare-json", "c.json",
+        "--precision-compare-html", "pages/c.html",
+    )  # fmt: skip
     result.assert_outcomes(passed=11, failed=1)  # only the shards: not test_unrelated.py
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(
@@ -94,6 +95,9 @@ def test_the_session_is_the_comparison_and_its_report(
     )
     written = json.loads((pytester.path / "c.json").read_text())
     assert written == _expected(golden, target, pytester.path / "expected.json")
+    page = (pytester.path / "pages" / "c.html").read_text()  # the folder made, as --json does
+    assert page.startswith("<!DOCTYPE html>")
+    assert "Tensor.add.1.forward" in page
 
 
 def test_a_comparison_that_is_incomplete_fails_with_every_shard_passing(

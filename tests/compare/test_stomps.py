@@ -151,3 +151,30 @@ def test_a_stomp_seen_first_at_a_module_output_is_named(tmp_path: Path) -> None:
     assert divergence.name == "Module.model.layers.1.input_layernorm.LlamaRMSNorm.forward.0"
     assert divergence.module == "model.layers.1.input_layernorm"
     assert divergence.reason.startswith("changed between `Tensor.mul.")
+
+
+class _TwoScales(torch.nn.Module):
+    """Two parameters of ones (as every norm weight starts), each read through ``detach``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Parameter(torch.ones(8), requires_grad=False)
+        self.second = torch.nn.Parameter(torch.ones(8), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.first.detach() + x * self.second.detach()
+
+
+def test_a_changed_weight_equal_in_content_to_another_is_no_stomp(tmp_path: Path) -> None:
+    """In the golden the second weight reads exactly what reading the first put out (both are
+    ones): content alone must not make that a producer, and the changed weight a stomp."""
+    x = torch.arange(8.0)
+    golden, target = _TwoScales(), _TwoScales()
+    with torch.no_grad():
+        target.second[:2] *= 1.5
+    for model, name in ((golden, "golden"), (target, "target")):
+        with torch.no_grad(), capture(model, tmp_path / name, level="op"):
+            model(x)
+    d = compare_dumps(tmp_path / "golden", tmp_path / "target").first_divergence
+    assert d is not None
+    assert (d.name, d.cause) == ("Tensor.detach.1.forward", "source")

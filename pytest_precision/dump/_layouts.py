@@ -75,16 +75,22 @@ def rank_count(dump: Dump) -> int:
 def merge_layouts(
     golden: Dump, target: Dump, layouts: Mapping[str, LayoutRule] | None = None
 ) -> MergedLayouts | None:
-    """Both dumps merged into one logical rank each, or None when they have as many ranks
-    (they are then compared rank by rank)."""
+    """Both dumps merged into one logical rank each, or None when they have as many ranks or
+    no tensor is split between ranks (they are then compared rank by rank)."""
     ng, nt = rank_count(golden), rank_count(target)
     if ng == nt:
         return None
     rules = dict(layouts or {})
     golden_shapes = _shapes(golden)
     target_shapes = _shapes(target)
-    merged_golden, _, golden_left = _merge(golden, ng, target_shapes, nt, rules)
+    merged_golden, golden_assembled, golden_left = _merge(golden, ng, target_shapes, nt, rules)
     merged_target, assembled, target_left = _merge(target, nt, golden_shapes, ng, rules)
+    if not any(
+        a.how in ("shard", "user") for a in [*golden_assembled.values(), *assembled.values()]
+    ):
+        # no tensor is split between ranks: not another tensor-parallel size but ranks one
+        # dump lacks (a crashed rank, data-parallel replicas), compared rank by rank
+        return None
     return MergedLayouts(
         golden=merged_golden,
         target=merged_target,

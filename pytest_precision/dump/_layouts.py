@@ -52,6 +52,8 @@ class Assembly:
     dim: int | None
     #: each rank's record, in rank order
     parts: tuple[Record, ...]
+    #: the user's function that assembles them (``user`` only)
+    assemble: Assemble | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def _merge(
             records.append(replace(first, rank=0))
             continue
         assembly = _assembly(parts, ranks, other_shapes.get(key), other_ranks, rules)
-        merged = _merged_record(assembly, rules)
+        merged = _merged_record(assembly)
         if merged is None:
             left_out.append(first.key)
             continue
@@ -151,7 +153,7 @@ def _assembly(
     rule = _rule_for(parts[0], rules)
     if rule is not None:
         if callable(rule):
-            return Assembly("user", None, tuple(parts))
+            return Assembly("user", None, tuple(parts), rule)
         if isinstance(rule, tuple):
             return Assembly("shard", rule[1], tuple(parts))
         return Assembly(rule, None, tuple(parts))
@@ -197,7 +199,7 @@ def _all_equal(parts: Sequence[Record]) -> bool:
     return True
 
 
-def _merged_record(assembly: Assembly, rules: Mapping[str, LayoutRule]) -> Record | None:
+def _merged_record(assembly: Assembly) -> Record | None:
     parts = assembly.parts
     first = parts[0]
     if assembly.how == "replicated":
@@ -206,7 +208,7 @@ def _merged_record(assembly: Assembly, rules: Mapping[str, LayoutRule]) -> Recor
     if not has_data and assembly.how != "shard":
         return None  # partial sums (or a user's assembly) need the data
     if has_data:
-        build = partial(_assemble, assembly, _rule_for(first, rules))
+        build = partial(_assemble, assembly)
         tensor = build()
         return replace(
             first,
@@ -224,7 +226,7 @@ def _merged_record(assembly: Assembly, rules: Mapping[str, LayoutRule]) -> Recor
     return replace(first, rank=0, shape=tuple(shape), stats=stats, loader=None, data_id=None)
 
 
-def _assemble(assembly: Assembly, rule: LayoutRule | None) -> torch.Tensor:
+def _assemble(assembly: Assembly) -> torch.Tensor:
     tensors = [p.load() for p in assembly.parts]
     if any(t is None for t in tensors):
         raise PrecisionInputError(f"{assembly.parts[0].key}: a rank's data is missing")
@@ -235,8 +237,8 @@ def _assemble(assembly: Assembly, rule: LayoutRule | None) -> torch.Tensor:
     if assembly.how == "partial":
         total = torch.stack([p.to(torch.float64) for p in pieces]).sum(0)
         return total.to(pieces[0].dtype)
-    assert callable(rule)
-    return rule(pieces)
+    assert assembly.assemble is not None
+    return assembly.assemble(pieces)
 
 
 def _concatenated_stats(stats: Sequence[TensorStats | None]) -> TensorStats | None:

@@ -20,11 +20,26 @@ from decode_bugs import DECODE_BUGS  # noqa: E402
 from hf_bugs_more import BUGS, inside, truth  # noqa: E402
 from hf_zoo_more import ARCHS, build, model_inputs  # noqa: E402
 
+from pytest_precision import Diagnosis  # noqa: E402
 from pytest_precision.diagnosis._workflow import diagnose  # noqa: E402
 
 #: (arch, bug, what the generation shows, measured): Falcon's wrong epsilon moves the logits
 #: and flips no token in 6 steps; Bloom's reversed slopes flip row 1's first token
 CASES = [("falcon", "norm_eps", "logprobs"), ("bloom", "alibi_slopes", "tokens")]
+
+
+def _diagnosed(arch: str, golden: torch.nn.Module, target: torch.nn.Module, out: Path) -> Diagnosis:
+    """``diagnose`` on the zoo's batch (its padded row included), 6 tokens, replay on CPU."""
+    batch = model_inputs(arch)
+    return diagnose(
+        golden,
+        target,
+        batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        max_new_tokens=6,
+        out=out,
+        devices=["cpu"],
+    )
 
 
 @pytest.mark.parametrize(("arch", "bug", "finding"), CASES)
@@ -35,16 +50,7 @@ def test_a_planted_bug_is_diagnosed_in_its_module(
     assert where is not None
     golden, target = build(arch), build(arch)
     BUGS[bug].plant(target, ARCHS[arch])
-    batch = model_inputs(arch)
-    d = diagnose(
-        golden,
-        target,
-        batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        max_new_tokens=6,
-        out=tmp_path,
-        devices=["cpu"],
-    )
+    d = _diagnosed(arch, golden, target, tmp_path)
     assert d.cached
     assert d.finding == finding, d.summary()
     assert d.step == 0  # the prefill: a token flip at position 0, or the logits localized there
@@ -68,16 +74,7 @@ def test_a_kv_cache_bug_is_diagnosed_at_its_step_and_layer(
 ) -> None:
     golden, target = build(arch), build(arch)
     layer = DECODE_BUGS[bug](target)
-    batch = model_inputs(arch)
-    d = diagnose(
-        golden,
-        target,
-        batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        max_new_tokens=6,
-        out=tmp_path,
-        devices=["cpu"],
-    )
+    d = _diagnosed(arch, golden, target, tmp_path)
     assert d.cached
     assert d.step == step, d.summary()
     assert d.divergence is not None, d.summary()

@@ -47,7 +47,7 @@ WRONG_BASE = 5000.0
 WRONG_SCALE = 1.25
 
 
-def _wrap(
+def wrap_forward(
     module: torch.nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]]
 ) -> None:
     """Replace ``module``'s forward (this instance only) with ``make(original_forward)``."""
@@ -91,7 +91,7 @@ def rope_base_in_one_layer(model: torch.nn.Module, arch: Arch) -> str:
 
         return patched
 
-    _wrap(attn, make)
+    wrap_forward(attn, make)
     return path
 
 
@@ -126,7 +126,7 @@ def position_offset(model: torch.nn.Module, arch: Arch) -> str:
 
             return patched
 
-    _wrap(module, make)
+    wrap_forward(module, make)
     return path
 
 
@@ -141,7 +141,7 @@ def _mask_bug(transform: Callable[[torch.Tensor], torch.Tensor | None]) -> Calla
 
             return patched
 
-        _wrap(attn, make)
+        wrap_forward(attn, make)
         return path
 
     return plant
@@ -255,7 +255,7 @@ def projection_rounded_to_bf16(model: torch.nn.Module, arch: Arch) -> str:
 
         return patched
 
-    _wrap(proj, make)
+    wrap_forward(proj, make)
     return path
 
 
@@ -328,7 +328,7 @@ def extra_noop_op(model: torch.nn.Module, arch: Arch) -> None:
     """Layer 1's MLP multiplies its input by 1.0 first: one op only the target makes, same
     values."""
     mlp, _ = _layer(model, arch, "mlp")
-    _wrap(mlp, lambda forward: lambda x, *a, **k: forward(x * 1.0, *a, **k))
+    wrap_forward(mlp, lambda forward: lambda x, *a, **k: forward(x * 1.0, *a, **k))
 
 
 #: noise case -> (target dtype, planting function or None, threads of the target or None); the

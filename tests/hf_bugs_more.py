@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from hf_bugs import wrap_forward
 from hf_zoo import HEAD_DIM, INIT_STD
 from hf_zoo_more import ARCHS, Arch, build, model_inputs
 
@@ -29,13 +30,6 @@ from hf_zoo_more import ARCHS, Arch, build, model_inputs
 LAYER = 1
 #: the wrong epsilon of a norm (the models use 1e-5 or 1e-6)
 WRONG_EPS = 0.1
-
-
-def _wrap(
-    module: torch.nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]]
-) -> None:
-    """Replace ``module``'s forward (this instance only) with ``make(original_forward)``."""
-    module.forward = make(module.forward)  # type: ignore[method-assign]
 
 
 def _part(model: torch.nn.Module, arch: Arch, sub: str | None) -> tuple[torch.nn.Module, str]:
@@ -65,7 +59,7 @@ def _while_running(module: torch.nn.Module, owner: Any, name: str, value: Any) -
 
         return patched
 
-    _wrap(module, make)
+    wrap_forward(module, make)
 
 
 # -- bugs ------------------------------------------------------------------------------------------
@@ -144,7 +138,7 @@ def residual_in_bf16(model: torch.nn.Module, arch: Arch) -> str:
 
         return patched
 
-    _wrap(layer, make)
+    wrap_forward(layer, make)
     return arch.layer(LAYER)
 
 
@@ -210,7 +204,7 @@ def rotary_fraction(model: torch.nn.Module, arch: Arch) -> str:
 
             return patched
 
-        _wrap(attn, make)
+        wrap_forward(attn, make)
         return path
     base = float(model.config.rope_parameters["rope_theta"])
     if hasattr(attn, "rotary_ndims"):
@@ -227,7 +221,7 @@ def rotary_fraction(model: torch.nn.Module, arch: Arch) -> str:
 
         return patched
 
-    _wrap(attn, make_full)
+    wrap_forward(attn, make_full)
     return path
 
 
@@ -247,7 +241,7 @@ def alibi_slopes(model: torch.nn.Module, arch: Arch) -> str:
 
         return patched
 
-    _wrap(attn, make)
+    wrap_forward(attn, make)
     return path
 
 
@@ -266,7 +260,7 @@ def _routed(
 
         return patched
 
-    _wrap(router, make)
+    wrap_forward(router, make)
     return path
 
 

@@ -261,13 +261,23 @@ def _weight_changes(g: dict[str, Any], t: dict[str, Any], rtol: float) -> tuple[
         n = max(math.prod(a["shape"]), 1)
         scale = max(abs(float(a["abs_mean"])), 1e-30)
         for key, size in (("mean", scale), ("abs_mean", scale), ("std", scale)):
-            if abs(float(a[key]) - float(b[key])) > rtol * size:
+            if _differs(a[key], b[key], rtol * size):
                 changes.append(WeightChange(name, key, a[key], b[key]))
                 break
         else:
-            if abs(float(a["checksum"]) - float(b["checksum"])) > rtol * scale * n**0.5:
+            if _differs(a["checksum"], b["checksum"], rtol * scale * n**0.5):
                 changes.append(WeightChange(name, "checksum", a["checksum"], b["checksum"]))
     return tuple(changes)
+
+
+def _differs(golden: object, target: object, tolerance: float) -> bool:
+    """Beyond ``tolerance``, or finite on one side only: a NaN or an infinity that one side's
+    parameter holds makes its statistics non-finite, and a non-finite value compares False
+    against any bound, so it must be asked for, not measured."""
+    a, b = float(golden), float(target)  # type: ignore[arg-type]
+    if math.isfinite(a) and math.isfinite(b):
+        return abs(a - b) > tolerance
+    return not (a == b or (math.isnan(a) and math.isnan(b)))
 
 
 def _owner(parameter: str) -> str:

@@ -268,6 +268,9 @@ def test_prefix_caching_chunked_prefill_and_order_on_off_are_invariant(llm: Any)
     assert cached.verdict in ("invariant", "noise"), [c.comparison.verdict for c in cached.cases]
     assert [c.cached for c in cached.cases] == [0, 32]  # the second request hit the cache
     assert [c.compared for c in cached.cases] == [41, 11]  # prompt + 2 fed tokens; 43 - 32
+    judged = {r.name for r in cached.cases[1].comparison.records}
+    assert "Module.logits_processor.LogitsProcessor.forward.0" in judged  # logits included
+    assert "Module.model.layers.2.self_attn.attn.Attention.forward.0" in judged
     chunked = check_scheduling_invariance(llm, prompts, change="chunked_prefill", chunk_tokens=16)
     assert chunked.verdict in ("invariant", "noise")
     assert [c.prefill_steps for c in chunked.cases] == [3, 4]  # 39 and 41 tokens in chunks

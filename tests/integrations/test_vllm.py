@@ -2,8 +2,8 @@
 vLLM and captured, then compared: twice (no culprit), with a weight perturbed inside one layer
 (the culprit at that layer), bf16 against fp32 (noise, no culprit), through the multiprocess
 engine, against HF transformers where the two conventions meet (docs/vllm.md), and the same
-requests with prefix caching, chunked prefill and request order on and off, clean and with
-stale cache blocks (docs/batch-invariance.md).
+requests with prefix caching, chunked prefill and request order on and off, clean, with stale
+cache blocks and with keys and values lost between prefill chunks (docs/batch-invariance.md).
 
 Runs in its own environment: ``bash scripts/test_vllm.sh`` (skipped where vllm is not installed).
 """
@@ -42,6 +42,7 @@ from pytest_precision.diagnosis._scheduling import (  # noqa: E402
     SchedulingVariant,
     assert_scheduling_invariant,
     check_scheduling_invariance,
+    scheduling_message,
 )
 from pytest_precision.integrations._vllm import (  # noqa: E402
     VllmCapture,
@@ -279,19 +280,24 @@ def test_prefix_caching_chunked_prefill_and_order_on_off_are_invariant(llm: Any)
     print(f"vLLM CPU fp32: {cached.verdict}, {chunked.verdict}, {reordered.verdict}")
 
 
-@pytest.mark.slow
-def test_stale_cache_block_is_found_at_the_attention_that_reads_it(llm: Any) -> None:
-    # After each request, layer 1's cache blocks hold garbage (memory reused or never written):
-    # a request that reads its prefix from the cache reads it there; one computing every
-    # token writes its blocks before reading them.
+def _scribble_on_layer_1_cache(llm: Any) -> None:
+    """Overwrite layer 1's cache blocks with garbage (memory reused, or never written)."""
     cache = _vllm_model(llm).model.layers[1].self_attn.attn.kv_cache
     cache = cache[0] if isinstance(cache, list) else cache
+    with torch.no_grad():
+        cache.copy_(torch.randn(cache.shape, generator=torch.Generator().manual_seed(5)))
+
+
+@pytest.mark.slow
+def test_stale_cache_block_is_found_at_the_attention_that_reads_it(llm: Any) -> None:
+    # After each request, layer 1's cache blocks hold garbage: a request that reads its
+    # prefix from the cache reads it there; one computing every token writes its blocks
+    # before reading them.
     generate = llm.generate
 
     def generate_then_scribble(*args: Any, **kwargs: Any) -> Any:
         outputs = generate(*args, **kwargs)
-        with torch.no_grad():
-            cache.copy_(torch.randn(cache.shape, generator=torch.Generator().manual_seed(5)))
+        _scribble_on_layer_1_cache(llm)
         return outputs
 
     llm.generate = generate_then_scribble
@@ -308,6 +314,33 @@ def test_stale_cache_block_is_found_at_the_attention_that_reads_it(llm: Any) -> 
     assert culprit.module == "model.layers.1.self_attn.attn", render(second.comparison)
     assert culprit.name.startswith("Custom.vllm.unified_attention")
     assert "bug at model.layers.1.self_attn.attn" in str(failed.value)
+
+
+@pytest.mark.slow
+def test_kv_lost_between_prefill_chunks_is_found_at_the_attention_that_reads_it(
+    llm: Any,
+) -> None:
+    # After a step that leaves a prompt half computed, layer 1's cache blocks hold garbage:
+    # the next chunk reads the earlier chunks' keys and values there. A prompt computed in
+    # one step never meets it.
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+
+    def scribble_mid_prefill(module: Any, args: Any, output: Any) -> None:
+        if any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running):
+            _scribble_on_layer_1_cache(llm)
+
+    hook = _vllm_model(llm).register_forward_hook(scribble_mid_prefill)
+    try:
+        result = check_scheduling_invariance(
+            llm, _shared_prefix_prompts(), change="chunked_prefill", chunk_tokens=16
+        )
+    finally:
+        hook.remove()
+    assert [c.verdict for c in result.cases] == ["bug", "bug"], scheduling_message(result)
+    for case in result.cases:
+        assert case.divergence is not None
+        assert case.divergence.module == "model.layers.1.self_attn.attn", render(case.comparison)
+        assert case.divergence.step > 0  # a later chunk: the first one computed right
 
 
 @pytest.mark.slow

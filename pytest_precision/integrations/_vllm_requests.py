@@ -14,7 +14,8 @@ steps end for the request, and is left out otherwise; any other tensor (a weight
 table) is kept whole. What describes the schedule rather than the request is said, not guessed:
 an integer tensor or a non-tensor argument that still differs after the cut (the row that the
 logits are taken from, a ``view``'s token count) is taken from the reference (``layout``), and a
-float tensor whose shape differs is left out of both sides (``layout`` too).
+float tensor whose shape differs is left out of both sides (``layout`` too). Rank 0's records
+only: with tensor parallelism, rank 0's shard.
 """
 
 from __future__ import annotations

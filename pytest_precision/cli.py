@@ -328,8 +328,9 @@ def _add_batch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Run each prompt alone and as a row of padded batches of the others, cut "
         "its rows out of the batched dump and judge them against the alone run "
         "(docs/batch-invariance.md). The entry point (--entry module:function or "
-        "file.py:function) returns a dict with model and prompts (lists of token ids). Exit "
-        "status: 0 invariant or noise, 1 a bug, an inconclusive case, or noise with "
+        "file.py:function) returns a dict with model and prompts (lists of token ids); with "
+        "--change, with llm (a vllm.LLM) and prompts, run with that scheduling change on and "
+        "off. Exit status: 0 invariant or noise, 1 a bug, an inconclusive case, or noise with "
         "--bitwise, 2 an error.",
     )
     batch.add_argument("--entry", metavar="MODULE:FUNCTION", required=True, help="builds it")
@@ -346,12 +347,22 @@ def _add_batch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     batch.add_argument(
         "--bitwise", action="store_true", help="fail on noise too (bitwise batch invariance)"
     )
+    batch.add_argument(
+        "--change",
+        action="append",
+        dest="changes",
+        choices=["prefix_caching", "chunked_prefill", "order"],
+        help="vLLM: the same requests with this on and off (repeatable)",
+    )
+    batch.add_argument("--chunk-tokens", type=int, default=16, metavar="N", help="with --change")
     batch.set_defaults(handler=_batch)
 
 
 def _batch(args: argparse.Namespace) -> int:
     from .diagnosis._batch import batch_message, check_batch_invariance
 
+    if args.changes:
+        return _scheduling(args)
     built = _entry(args.entry, ("model", "prompts"))
     result = check_batch_invariance(
         built["model"],  # type: ignore[arg-type]
@@ -364,6 +375,25 @@ def _batch(args: argparse.Namespace) -> int:
     _say(batch_message(result))
     passing = ("invariant",) if args.bitwise else ("invariant", "noise")
     return 0 if result.verdict in passing else 1
+
+
+def _scheduling(args: argparse.Namespace) -> int:
+    from .diagnosis._scheduling import check_scheduling_invariance, scheduling_message
+
+    built = _entry(args.entry, ("llm", "prompts"))
+    verdicts = set()
+    for change in args.changes:
+        result = check_scheduling_invariance(
+            built["llm"],
+            built["prompts"],  # type: ignore[arg-type]
+            change=change,
+            chunk_tokens=args.chunk_tokens,
+            out=None if args.out is None else os.path.join(args.out, change),
+            progress=lambda line: _say(line, file=sys.stderr),
+        )
+        _say(scheduling_message(result))
+        verdicts.add(result.verdict)
+    return 0 if verdicts <= {"invariant", *(() if args.bitwise else ("noise",))} else 1
 
 
 def _entry(

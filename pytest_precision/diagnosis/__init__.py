@@ -4,7 +4,9 @@
 (``render=pytest_precision.report.render_html``; the CLI and ``assert_same_generation`` do).
 ``save_run`` keeps one side's generation for a diagnosis on another machine.
 ``check_batch_invariance`` / ``assert_batch_invariant`` judge a prompt alone against the same
-prompt inside batches (docs/batch-invariance.md). Names load on first use (torch).
+prompt inside batches; ``check_scheduling_invariance`` / ``assert_scheduling_invariant`` the
+same vLLM requests with prefix caching, chunked prefill or request order changed
+(docs/batch-invariance.md). Names load on first use (torch).
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ if typing.TYPE_CHECKING:
     )
     from ._generation import save_run
     from ._results import Diagnosis
+    from ._scheduling import (
+        SchedulingCase,
+        SchedulingInvariance,
+        SchedulingVariant,
+        assert_scheduling_invariant,
+        check_scheduling_invariance,
+    )
     from ._workflow import diagnose
 
 #: Each public name and the module it lives in: the one list of this package's surface.
@@ -36,6 +45,13 @@ _MODULES = {
     ),
     "._generation": ("save_run",),
     "._results": ("Diagnosis",),
+    "._scheduling": (
+        "SchedulingCase",
+        "SchedulingInvariance",
+        "SchedulingVariant",
+        "assert_scheduling_invariant",
+        "check_scheduling_invariance",
+    ),
     "._workflow": ("diagnose",),
 }
 

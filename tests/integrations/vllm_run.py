@@ -18,8 +18,10 @@ def main(argv: list[str]) -> None:
     from pytest_precision.integrations._vllm import capture_vllm
 
     model, dtype, dump, max_tokens, *prompts = argv
+    # the engine of test_vllm.py's fixture, block size and cache size included
     llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=128, max_num_seqs=4,
-              seed=0)  # fmt: skip
+              seed=0, enable_prefix_caching=True, block_size=32,
+              num_gpu_blocks_override=16)  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=int(max_tokens), ignore_eos=True)
     with capture_vllm(llm, dump, level="mix") as cap:
         outputs = llm.generate(prompts, params, use_tqdm=False)

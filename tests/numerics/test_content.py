@@ -55,9 +55,13 @@ def tensors(draw: st.DrawFn) -> torch.Tensor:
     values = draw(hnp.arrays(np.float64, shape, elements=st.floats(-3e4, 3e4)))
     t = torch.from_numpy(values)
     t = (t > 0) if dtype == torch.bool else t.to(dtype)
-    view = draw(st.sampled_from(["contiguous", "transpose", "step"]))
+    view = draw(st.sampled_from(["contiguous", "transpose", "step", "expand", "empty"]))
     if view == "transpose" and t.dim() >= 2:
         return t.transpose(0, -1)
+    if view == "expand":
+        return t.unsqueeze(1).expand(t.shape[0], 3, *t.shape[1:])
+    if view == "empty":
+        return t.unsqueeze(-1).expand(*t.shape, 2)[..., :0]
     if view == "step":
         return t[..., ::2]
     return t

@@ -5,6 +5,10 @@ float64 sums depend only on where blocks start: every path below hands the kerne
 start on a block boundary, and the results are bitwise those of one kernel call over the
 contiguous tensor.
 
+The same read sums the elements' bit patterns as integers: the content sum capture fingerprints
+a new tensor with (``_content``), at no read of its own. Narrower floats' are summed from the
+gathered bits before widening, while they are in cache.
+
 * Contiguous float32 / float64 tensors are read in place, and so are 1-d strided ones.
 * Other strided float32 / float64 tensors (a transposed view) are gathered block by block, in
   row-major order, into a block-sized buffer (in cache) that the kernel sums: one read of the

@@ -373,11 +373,13 @@ class Capture:
         if recorded.changed_since is not None:  # a stomp: written by no recorded call
             members = f'{members},"changed_since":{changed_since_json(recorded.changed_since)}'
         key = str(next(self._keys))
-        if self.mode == "tensor":
-            writer.add_encoded(members, step, key=key, tensor=private_copy(t))
+        if self.mode == "tensor":  # the content sum comes from the read that copies or
+            copy, content = private_copy(t)  # summarizes t: a new tensor is read once
+            writer.add_encoded(members, step, key=key, tensor=copy)
         else:
-            writer.add_encoded(members, step, key=key, stats=summarize(t))
-        recorded.remember(t, key, label)
+            stats, content = summarize(t)
+            writer.add_encoded(members, step, key=key, stats=stats)
+        recorded.remember(t, key, label, content)
 
 
 #: Modules whose fused inference fast path is skipped while a torch-function mode is active.

@@ -12,24 +12,27 @@ the same memory, unchanged since:
 * the same *base*: both are the same tensor or views of the same one (``Tensor._base``), and so
   share its version counter, which every in-place op bumps, through any view;
 * the same version counter value as when the first was recorded;
-* the same *content fingerprint*: the sum of its elements' bit patterns as integers.
+* the same *content fingerprint*: the sum of its elements' bit patterns as integers (the
+  content sum of ``numerics._content``).
 
 The fingerprint catches what the version counter cannot see: writes through ``.data``, from
 outside torch (a numpy view, a kernel writing out of bounds: a *stomp*). Such a tensor is
 recorded anew, and :attr:`RecordedTensors.changed_since` names the record it no longer equals,
-so the stomped values reach the dump and the record says where they changed. The sum is one
-integer reduction over the tensor, about as fast as a copy and several times cheaper than its
-statistics (over a large parameter's edges and a sparse sample only: see :func:`fingerprint`);
-it misses a write that only permutes words or whose changes cancel exactly. On an accelerator it
-waits for the device, as a new record's copy or statistics already do.
+so the stomped values reach the dump and the record says where they changed. A new record's
+fingerprint costs no read of its own: the statistics pass, or the private copy, computes it
+while reading the tensor (:meth:`RecordedTensors.remember` takes it). Checking a tensor seen
+again is one integer reduction over it, about as fast as a copy and several times cheaper than
+its statistics (over a large parameter's edges and a sparse sample only: see
+:func:`fingerprint`); it misses a write that only permutes elements or whose changes cancel
+exactly.
 
 Entries hold weak references to the base and go with it, so nothing is kept alive; the record
 keys they hold are let go then (the writer drops what it kept for them).
 
 ``torch.distributed`` collectives bump no version counter either, and are recorded calls:
 capture tells :meth:`RecordedTensors.forget` what they wrote. Inference tensors have no version
-counter, and tensors of a dtype wider than 8 bytes (``complex128``) or with a conjugate or
-negative bit no fingerprint: neither is ever reused. Nor is an accelerator's tensor: verifying
+counter, and tensors with a conjugate or negative bit no fingerprint: neither is ever
+reused. Nor is an accelerator's tensor: verifying
 it would read its fingerprint back to the host, a synchronisation per record; each of its records
 is reduced on the device instead (asynchronously), and a stomp there shows as a reader's record
 that differs from its producer's, which the judge finds in the dump.
@@ -43,6 +46,7 @@ from typing import Any
 
 import torch
 
+from ..numerics._content import content_sum
 from . import _writer
 
 
@@ -52,53 +56,60 @@ def _base(t: torch.Tensor) -> torch.Tensor:
     return t if base is None else base
 
 
-#: Integer dtypes by element size: a tensor's bit patterns, summed as its fingerprint.
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-#: A parameter's fingerprint reads its first and last ``_EDGE_WORDS`` 64-bit words (64 KiB
-#: each) and one word in every ``_SAMPLE_STRIDE`` (8 KiB) between them.
+#: A large parameter's fingerprint reads its first and last ``_EDGE_WORDS`` 64-bit words
+#: (64 KiB each) and one word in every ``_SAMPLE_STRIDE`` (8 KiB) between them.
 _EDGE_WORDS = 8192
 _SAMPLE_STRIDE = 1024
 
 
-def fingerprint(t: torch.Tensor) -> int | None:
-    """The sum of ``t``'s bit patterns as integers, wrapping (``None`` when it has none to
-    tell). A contiguous tensor is summed as 64-bit (else 32-bit) words whatever its dtype: an
-    integer sum in its own dtype is as fast as a copy, ten times faster than widening each
-    element on the way; only an odd-sized or misaligned one, or a strided view of a 1- or
-    2-byte dtype, widens its elements.
-
-    A large parameter (``nn.Parameter``) is summed over its edges and a sparse sample only: a
-    decode step reads each weight once, and a full sum would read it a second time for each
-    record of it (50 - 60 % more capture time per step). The edges are where an overflow from
-    a neighbouring buffer (a KV-cache write past its block) lands; a write into the middle of
-    a weight that misses the sample goes unseen."""
-    if t.is_conj() or t.is_neg():
+def _words(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s memory as 64-bit words, if it is one contiguous, aligned run of them."""
+    if not t.is_contiguous() or t.is_conj() or t.is_neg() or (t.numel() * t.element_size()) % 8:
         return None
-    size = t.element_size()
-    if t.is_contiguous() and size <= 8:
-        nbytes = t.numel() * size
-        word = torch.int64 if nbytes % 8 == 0 else torch.int32 if nbytes % 4 == 0 else None
-        if word is not None:
-            try:
-                words = t.reshape(-1).view(torch.uint8).view(word)
-            except RuntimeError:  # a storage offset not aligned to the word
-                pass
-            else:
-                if isinstance(t, torch.nn.Parameter) and words.numel() > 4 * _EDGE_WORDS:
-                    return _sampled(words)
-                return int(words.sum(dtype=word))
-    bits = _BITS.get(size)
-    if bits is None:
+    try:
+        return t.detach().reshape(-1).view(torch.uint8).view(torch.int64)
+    except RuntimeError:  # a storage offset not aligned to the word
         return None
-    return int(t.view(bits).sum(dtype=bits if size >= 4 else torch.int64))
 
 
-def _sampled(words: torch.Tensor) -> int:
+def _sampled_words(t: torch.Tensor) -> torch.Tensor | None:
+    """A large parameter's 64-bit words, which its fingerprint samples; ``None`` for any
+    other tensor, whose fingerprint is its whole content sum.
+
+    A decode step reads each weight once, and a full sum would read it a second time for each
+    later record of it (50 - 60 % more capture time per step). The edges are where an
+    overflow from a neighbouring buffer (a KV-cache write past its block) lands; a write into
+    the middle of a weight that misses the sample goes unseen."""
+    if not isinstance(t, torch.nn.Parameter):
+        return None
+    words = _words(t)
+    return words if words is not None and words.numel() > 4 * _EDGE_WORDS else None
+
+
+def _sampled_sum(words: torch.Tensor) -> int:
     """A parameter's words summed over its edges and one word in every ``_SAMPLE_STRIDE``."""
-    edges = words[:_EDGE_WORDS].sum(dtype=words.dtype) + words[-_EDGE_WORDS:].sum(dtype=words.dtype)
-    return int(edges + words[_EDGE_WORDS:-_EDGE_WORDS:_SAMPLE_STRIDE].sum(dtype=words.dtype))
+    edges = words[:_EDGE_WORDS].sum() + words[-_EDGE_WORDS:].sum()
+    return int(edges + words[_EDGE_WORDS:-_EDGE_WORDS:_SAMPLE_STRIDE].sum())
+
+
+def fingerprint(t: torch.Tensor, content: int | None = None) -> tuple[bool, int] | None:
+    """Whether ``t``'s fingerprint is sampled, and its value (``None`` when it has none to
+    tell): a large parameter's sampled sum, else its whole content sum (``content`` when the
+    caller has it already, from the read that summarized or copied ``t``)."""
+    words = _sampled_words(t)
+    if words is not None:
+        return True, _sampled_sum(words)
+    content = content_sum(t) if content is None else content
+    return None if content is None else (False, content)
+
+
+def _same(t: torch.Tensor, expected: tuple[bool, int]) -> bool:
+    """Whether ``t`` still has the fingerprint ``expected``, taken by the same rule."""
+    sampled, value = expected
+    if not sampled:
+        return content_sum(t) == value
+    words = _words(t)  # the same geometry as the parameter, if not the parameter itself
+    return words is not None and _sampled_sum(words) == value
 
 
 def _storage(t: torch.Tensor | None) -> int:
@@ -113,9 +124,11 @@ class RecordedTensors:
     """Record keys of tensors by geometry, valid while their base is unchanged."""
 
     def __init__(self, forget: Callable[[str], None], *, any_shape: bool = False) -> None:
-        #: geometry -> (the base, its version when recorded, record key, content fingerprint,
+        #: geometry -> (the base, its version when recorded, record key, its fingerprint,
         #: the label of the record made then)
-        self._entries: dict[Hashable, tuple[weakref.ref[torch.Tensor], int, str, int, str]] = {}
+        self._entries: dict[
+            Hashable, tuple[weakref.ref[torch.Tensor], int, str, tuple[bool, int], str]
+        ] = {}
         #: id of a base -> (weak reference with the clean-up callback, its geometries)
         self._bases: dict[int, tuple[weakref.ref[torch.Tensor], list[Hashable]]] = {}
         self._forget = forget  # told of each key that can no longer be returned
@@ -146,28 +159,31 @@ class RecordedTensors:
         ref, version, key, content, label = entry
         if ref() is not _base(t) or t._version != version:
             return None
-        if fingerprint(t) != content:  # written behind the version counter's back
+        if not _same(t, content):  # written behind the version counter's back
             self.changed_since = label
             return None
         return key
 
-    def remember(self, t: torch.Tensor, key: str, label: str = "") -> None:
+    def remember(
+        self, t: torch.Tensor, key: str, label: str = "", content: int | None = None
+    ) -> None:
         """Note that ``t``, as it is now, was recorded under ``key`` (in the record ``label``,
-        which :attr:`changed_since` gives back if its content changes unseen)."""
+        which :attr:`changed_since` gives back if its content changes unseen); ``content``
+        is its content sum if the record's read computed it (else it is read here)."""
         if t.is_inference():  # no version counter: a later write would go unseen
             return
         if _writer.reduced_on_device(t):  # a fingerprint is a read back to the host per record
             return
         geometry = self._geometry(t)
-        content = None if geometry is None else fingerprint(t)
-        if geometry is None or content is None:
+        taken = None if geometry is None else fingerprint(t, content)
+        if geometry is None or taken is None:
             return
         base = _base(t)
         known = self._bases.get(id(base))
         if known is None or known[0]() is not base:
             known = self._bases[id(base)] = (weakref.ref(base, self._died(id(base))), [])
         replaced = self._entries.get(geometry)
-        self._entries[geometry] = (known[0], t._version, key, content, label)
+        self._entries[geometry] = (known[0], t._version, key, taken, label)
         if replaced is None or replaced[0] is not known[0]:
             known[1].append(geometry)
         if replaced is not None:  # recorded again, changed: the old key can never be returned

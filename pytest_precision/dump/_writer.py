@@ -26,6 +26,7 @@ from safetensors.torch import load, save, save_file
 from .._atomic import atomic_write
 from .._errors import PrecisionError
 from .._version import __version__
+from ..numerics._content import copy_with_content, tensor_stats_and_content
 from ..numerics._device_stats import DeviceCopy, DeviceStats
 from ..numerics._stats import TensorStats, tensor_stats
 from ..runtime._devices import environment_fingerprint
@@ -68,12 +69,16 @@ def reduced_on_device(t: torch.Tensor) -> bool:
     return t.device.type != "cpu"
 
 
-def summarize(t: torch.Tensor) -> TensorStats | DeviceStats | None:
+def summarize(t: torch.Tensor) -> tuple[TensorStats | DeviceStats | None, int | None]:
     """Statistics of ``t`` (still on their way from an accelerator: :class:`DeviceStats`), or
-    ``None`` for the few dtypes torch cannot reduce."""
-    if reduced_on_device(t) and _summarizable(t.dtype):
-        return DeviceStats(t)
-    return host_stats(t)
+    ``None`` for the few dtypes torch cannot reduce; and, from the same read of a host
+    tensor, its content sum (``numerics._content``; ``None`` on an accelerator, where reading
+    it would synchronise the device)."""
+    if not _summarizable(t.dtype):
+        return None, None
+    if reduced_on_device(t):
+        return DeviceStats(t), None
+    return tensor_stats_and_content(t)
 
 
 def host_stats(t: torch.Tensor) -> TensorStats | None:
@@ -81,13 +86,13 @@ def host_stats(t: torch.Tensor) -> TensorStats | None:
     return tensor_stats(t) if _summarizable(t.dtype) else None
 
 
-def private_copy(t: torch.Tensor) -> torch.Tensor | DeviceCopy:
+def private_copy(t: torch.Tensor) -> tuple[torch.Tensor | DeviceCopy, int | None]:
     """A contiguous host copy of ``t`` that later in-place ops cannot change: made at once on
-    CPU, started asynchronously from an accelerator (the writer waits for it)."""
-    t = t.detach().resolve_conj().resolve_neg()
+    CPU, with ``t``'s content sum from the same read (``numerics._content``), or started
+    asynchronously from an accelerator (the writer waits for it; no content sum)."""
     if not reduced_on_device(t):
-        return t.clone(memory_format=torch.contiguous_format)
-    return DeviceCopy(t)
+        return copy_with_content(t)
+    return DeviceCopy(t.detach().resolve_conj().resolve_neg()), None
 
 
 @dataclass

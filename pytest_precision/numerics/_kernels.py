@@ -115,6 +115,11 @@ def accepts(*tensors: torch.Tensor) -> bool:
     )
 
 
+def accepts_bits(t: torch.Tensor) -> bool:
+    """True if the kernels can sum ``t``, a tensor's bit patterns as integers: on CPU."""
+    return enabled() and t.device.type == "cpu"
+
+
 # --------------------------------------------------------------------------------------------
 # Chunks as numpy arrays, widened where needed, spread over threads
 # --------------------------------------------------------------------------------------------

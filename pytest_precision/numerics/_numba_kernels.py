@@ -280,11 +280,13 @@ def _count_block(a, e, lo, hi, ulp, params, kinds, limits, counts):
 
 
 @_jit
-def _stats_chunk(x, bits, sign_mask, block, acc, state, block_sums):
+def _stats_chunk(x, bits, content_bits, sign_mask, block, acc, state, block_sums):
     """Sum and sum of squares (float64) of the finite elements into ``acc``; into ``state``
     their min and max as order-preserving integer keys of ``bits`` (``x`` viewed as integers;
-    ``sign_mask`` flips the magnitude bits of negative values), then the counts of NaN, +inf
-    and -inf.
+    ``sign_mask`` flips the magnitude bits of negative values), the counts of NaN, +inf and
+    -inf, then the wrapping int64 sum of ``content_bits`` over every element (the tensor's
+    own bit patterns: ``bits``, or a narrower float's before widening), the content sum
+    capture verifies reuse with, made here so that a tensor is read once for both.
 
     With rows in ``block_sums`` (one per block of ``x``), each block's two sums go to its row
     instead of ``acc``: threads that share a tensor's blocks leave the adding up to
@@ -299,7 +301,8 @@ def _stats_chunk(x, bits, sign_mask, block, acc, state, block_sums):
     for lo in range(0, n, block):
         for ahead in range(lo + block, min(lo + 2 * block, n), line):
             _prefetch(x, ahead)
-        _block_into(x, bits, sign_mask, lo, min(lo + block, n), lo // block, acc, state, block_sums)
+        hi = min(lo + block, n)
+        _block_into(x, bits, content_bits, sign_mask, lo, hi, lo // block, acc, state, block_sums)
 
 
 @_jit
@@ -339,18 +342,22 @@ def _stats_strided(base, shape, strides, sign_mask, block, lo, hi, acc, state, b
                 index[d - 1] += 1
                 d -= 1
         row_of_block = (start - lo) // block
-        _block_into(scratch, scratch_bits, sign_mask, 0, n, row_of_block, acc, state, block_sums)
+        _block_into(scratch, scratch_bits, scratch_bits, sign_mask, 0, n, row_of_block, acc,
+                    state, block_sums)  # fmt: skip
 
 
 @_jit
-def _block_into(x, bits, sign_mask, lo, hi, row, acc, state, block_sums):
+def _block_into(x, bits, content_bits, sign_mask, lo, hi, row, acc, state, block_sums):
     """One block of :func:`_stats_chunk`: its sums into ``acc``, or into row ``row`` of
     ``block_sums`` when it has rows."""
-    total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, state, False)
+    total, squares, low, high, content = _stats_block(x, bits, content_bits, sign_mask, lo, hi,
+                                                      state, False)  # fmt: skip
+    state[5] += content  # over every element: the masked pass below leaves some out
     if not math.isfinite(total):  # a non-finite value (or a float64 overflow)
         for i in range(np.uint64(lo), np.uint64(hi)):
             _count_special(np.float64(x[i]), state, 2)
-        total, squares, low, high = _stats_block(x, bits, sign_mask, lo, hi, state, True)
+        total, squares, low, high, _ = _stats_block(x, bits, content_bits, sign_mask, lo, hi,
+                                                    state, True)  # fmt: skip
     if block_sums.shape[0] > 0:
         block_sums[row, 0] = total
         block_sums[row, 1] = squares
@@ -371,15 +378,18 @@ def _add_block_sums(block_sums, acc):
 
 
 @_jit
-def _stats_block(x, bits, sign_mask, lo, hi, keys, masked):
-    """Sum, sum of squares and the min / max keys (from ``keys``) of one block; ``masked``
-    leaves non-finite values out (constant in the loop: LLVM compiles it twice, so the
-    unmasked loop pays nothing for it)."""
+def _stats_block(x, bits, content_bits, sign_mask, lo, hi, keys, masked):
+    """Sum, sum of squares and the min / max keys (from ``keys``) of one block, and the sum
+    of its elements' ``content_bits`` (all of them); ``masked`` leaves non-finite values out of the
+    rest (constant in the loop: LLVM compiles it twice, so the unmasked loop pays nothing for
+    it)."""
     total = squares = 0.0
     low = keys[0]
     high = keys[1]
+    content = np.int64(0)
     for i in range(np.uint64(lo), np.uint64(hi)):
         v = np.float64(x[i])
+        content += np.int64(content_bits[i])
         if masked and not abs(v) < math.inf:
             continue
         total += v
@@ -388,4 +398,53 @@ def _stats_block(x, bits, sign_mask, lo, hi, keys, masked):
         key = b ^ ((b >> 63) & sign_mask)
         low = min(low, key)
         high = max(high, key)
-    return total, squares, low, high
+    return total, squares, low, high, content
+
+
+@_jit
+def _content_sum(bits):
+    """The wrapping int64 sum of the integers ``bits`` (a tensor's elements' bit patterns)."""
+    content = np.int64(0)
+    for i in range(np.uint64(bits.size)):
+        content += np.int64(bits[i])
+    return content
+
+
+@_jit
+def _content_sum_strided(base, shape, strides):
+    """:func:`_content_sum` of the view (``shape``, ``strides``, the last the smallest) of
+    the flat ``base``, row by row of its last dimension."""
+    ndim = shape.size
+    row, step = shape[ndim - 1], strides[ndim - 1]
+    index = np.zeros(ndim, dtype=np.int64)
+    content = np.int64(0)
+    pos = 0
+    for _ in range(np.prod(shape[: ndim - 1])):
+        if step == 1:
+            for i in range(np.uint64(row)):
+                content += np.int64(base[np.uint64(pos) + i])
+        else:
+            for i in range(np.uint64(row)):
+                content += np.int64(base[np.uint64(pos) + i * np.uint64(step)])
+        d = ndim - 2
+        while d >= 0:  # the next row: carry through the dimensions before
+            index[d] += 1
+            pos += strides[d]
+            if index[d] < shape[d]:
+                break
+            pos -= shape[d] * strides[d]
+            index[d] = 0
+            d -= 1
+    return content
+
+
+@_jit
+def _copy_content_sum(bits, out):
+    """Copy the integers ``bits`` into ``out`` and return their wrapping int64 sum: a
+    tensor's private copy and its content sum from one read."""
+    content = np.int64(0)
+    for i in range(np.uint64(bits.size)):
+        b = bits[i]
+        out[i] = b
+        content += np.int64(b)
+    return content

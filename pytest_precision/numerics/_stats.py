@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from . import _kernels, _stats_pass
-from ._chunks import CHUNK_NUMEL, iter_flat_chunks, scratch
+from ._chunks import CHUNK_NUMEL, chunk_of, flatten_detached, scratch
 
 
 @dataclass(frozen=True)
@@ -69,16 +69,24 @@ def _positive_zero(value: float) -> float:
 
 def tensor_stats(t: torch.Tensor) -> TensorStats:
     """Compute :class:`TensorStats` of ``t`` with float64 accumulation, chunk by chunk."""
+    return stats_with_bit_sum(t, bit_sum=False)[0]
+
+
+def stats_with_bit_sum(t: torch.Tensor, *, bit_sum: bool = True) -> tuple[TensorStats, int]:
+    """:func:`tensor_stats` of ``t`` and, from the same read of its elements, the sum of its
+    real components' bit patterns as signed integers, exact modulo 2**32 (``_content``
+    reduces it to the content sum). Without ``bit_sum`` the torch pipeline skips it (the
+    kernels sum it at no cost) and the second value means nothing."""
     numel = t.numel()  # elements of ``t`` itself, also for complex tensors
     if t.is_complex():
         t = torch.view_as_real(t.resolve_conj().resolve_neg())
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
     if _kernels.accepts(t):
-        total, sq_total, lo, hi, nan, posinf, neginf = _stats_pass.stats(t)
+        total, sq_total, lo, hi, nan, posinf, neginf, bits = _stats_pass.stats(t)
     else:
-        total, sq_total, lo, hi, nan, posinf, neginf = _torch_stats(t)
-    return from_sums(numel, t.numel(), total, sq_total, lo, hi, nan, posinf, neginf)
+        total, sq_total, lo, hi, nan, posinf, neginf, bits = _torch_stats(t, bit_sum)
+    return from_sums(numel, t.numel(), total, sq_total, lo, hi, nan, posinf, neginf), bits
 
 
 def from_sums(
@@ -109,16 +117,25 @@ def from_sums(
     )
 
 
-def _torch_stats(t: torch.Tensor) -> tuple[float, float, float, float, int, int, int]:
-    """(sum, sum of squares, min, max) of the finite elements and (nan, +inf, -inf) counts."""
+def _torch_stats(
+    t: torch.Tensor, bit_sum: bool
+) -> tuple[float, float, float, float, int, int, int, int]:
+    """(sum, sum of squares, min, max) of the finite elements, (nan, +inf, -inf) counts and,
+    with ``bit_sum``, the sum of the elements' bit patterns (modulo 2**32 or 2**64), each
+    chunk's while it is in cache."""
     total = 0.0
     sq_total = 0.0
     lo = math.inf
     hi = -math.inf
-    nan = posinf = neginf = 0
+    nan = posinf = neginf = bits = 0
     floating = t.is_floating_point()
-    for chunk in iter_flat_chunks(t):
-        chunk = with_reduction_kernels(chunk)
+    flat = flatten_detached(t)
+    integers = _stats_pass.SIGNED_BITS.get(t.element_size()) if bit_sum else None
+    for start in range(0, flat.numel(), CHUNK_NUMEL):
+        if integers is not None:
+            raw = flat[start : start + CHUNK_NUMEL].view(integers)
+            bits += int(raw.sum(dtype=torch.int32 if raw.element_size() <= 4 else torch.int64))
+        chunk = with_reduction_kernels(chunk_of(flat, start, CHUNK_NUMEL))
         c64 = _float64_copy(chunk)
         c_total = float(c64.sum())
         # A float64 sum of finite values is finite unless float64 itself overflows, so the
@@ -139,4 +156,4 @@ def _torch_stats(t: torch.Tensor) -> tuple[float, float, float, float, int, int,
         hi = max(hi, float(c_hi))
         total += c_total
         sq_total += float(torch.dot(c64, c64))
-    return total, sq_total, lo, hi, nan, posinf, neginf
+    return total, sq_total, lo, hi, nan, posinf, neginf, bits

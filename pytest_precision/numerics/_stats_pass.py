@@ -5,6 +5,10 @@ float64 sums depend only on where blocks start: every path below hands the kerne
 start on a block boundary, and the results are bitwise those of one kernel call over the
 contiguous tensor.
 
+The same read sums the elements' bit patterns as integers: the content sum capture fingerprints
+a new tensor with (``_content``), at no read of its own. Narrower floats' are summed from the
+gathered bits before widening, while they are in cache.
+
 * Contiguous float32 / float64 tensors are read in place, and so are 1-d strided ones.
 * Other strided float32 / float64 tensors (a transposed view) are gathered block by block, in
   row-major order, into a block-sized buffer (in cache) that the kernel sums: one read of the
@@ -43,13 +47,15 @@ _BITS = {
     np.float64: (np.int64, 0x7FFF_FFFF_FFFF_FFFF, "q", "d"),
 }
 _INT64 = np.iinfo(np.int64)
-#: Integers of each element size: how any dtype's bits are gathered with numpy.
-_RAW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: Signed integers of each element size: how any dtype's bits are gathered with numpy, and
+#: summed as its content (``_content``).
+SIGNED_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 _local = threading.local()
 
-#: (sum, sum of squares, min, max) of the finite elements and (nan, +inf, -inf) counts
-Sums = tuple[float, float, float, float, int, int, int]
+#: (sum, sum of squares, min, max) of the finite elements, (nan, +inf, -inf) counts and the
+#: content sum (see :func:`stats`)
+Sums = tuple[float, float, float, float, int, int, int, int]
 
 
 def _from_key(key: int, float_type: type[np.floating[Any]]) -> float:
@@ -111,15 +117,16 @@ class _Source:
             self.span = torch.as_strided(t, (size,), (1,)).numpy()
             self.layout = (np.array(t.shape, dtype=np.int64), np.array(t.stride(), dtype=np.int64))
         else:
-            self.raw = t.view(_RAW[t.element_size()]).numpy()
+            self.raw = t.view(SIGNED_BITS[t.element_size()]).numpy()
             if self.contiguous:
                 self.raw = self.raw.reshape(-1)
 
-    def pieces(self, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray]]:
-        """(offset, elements) of consecutive pieces covering ``lo:hi``, ``lo`` on a block
-        boundary; each piece but the last is a whole number of blocks."""
+    def pieces(self, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(offset, elements, their own bit patterns) of consecutive pieces covering ``lo:hi``,
+        ``lo`` on a block boundary; each piece but the last is a whole number of blocks."""
         if self.flat is not None:
-            yield lo, self.flat[lo:hi]
+            x = self.flat[lo:hi]
+            yield lo, x, x.view(_BITS[self.float_type][0])
             return
         assert self.raw is not None
         block = _kernels.BLOCK_NUMEL
@@ -129,15 +136,16 @@ class _Source:
             if self.contiguous:
                 piece = torch.from_numpy(self.raw[start:stop])
             else:
-                piece = _buffer("raw", stop - start, _RAW[self.raw.itemsize])
+                piece = _buffer("raw", stop - start, SIGNED_BITS[self.raw.itemsize])
                 _gather(self.raw, start, stop, piece.numpy())
-            # widened, exactly
+            # widened, exactly; its bit patterns are read again while in cache
             wide = _buffer("wide", stop - start, torch.float32)
-            yield start, wide.copy_(piece.view(self.dtype)).numpy()
+            yield start, wide.copy_(piece.view(self.dtype)).numpy(), piece.numpy()
 
 
-#: The kernel's ``state`` before the first element: min and max keys, NaN, +inf, -inf counts.
-_START = np.array([_INT64.max, _INT64.min, 0, 0, 0], dtype=np.int64)
+#: The kernel's ``state`` before the first element: min and max keys, NaN, +inf, -inf counts,
+#: content sum.
+_START = np.array([_INT64.max, _INT64.min, 0, 0, 0, 0], dtype=np.int64)
 _NO_BLOCKS = np.empty((0, 2))
 
 
@@ -177,9 +185,10 @@ def _run(source: _Source, lo: int, hi: int, totals: _Totals, first_block: int = 
                                totals.state, rows_of(lo, hi - lo), scratch,
                                scratch.view(int_type))  # fmt: skip
         return
-    for start, x in source.pieces(lo, hi):
+    for start, x, content_bits in source.pieces(lo, hi):
         sums = rows_of(start, x.size)
-        kernels._stats_chunk(x, x.view(int_type), mask, block, totals.acc, totals.state, sums)
+        kernels._stats_chunk(x, x.view(int_type), content_bits, mask, block, totals.acc,
+                             totals.state, sums)  # fmt: skip
 
 
 def _shared(source: _Source, workers: int) -> _Totals:
@@ -224,9 +233,9 @@ def _ranged(source: _Source) -> _Totals:
 
 
 def stats(t: torch.Tensor) -> Sums:
-    """(sum, sum of squares, min, max) of the finite elements and (nan, +inf, -inf) counts of
-    a CPU float tensor the kernels accept (any strides); min and max are inf and -inf when no
-    element is finite."""
+    """(sum, sum of squares, min, max) of the finite elements, (nan, +inf, -inf) counts and
+    the content sum (``_content.content_sum``) of a CPU float tensor the kernels accept (any
+    strides); min and max are inf and -inf when no element is finite."""
     source = _Source(t)
     workers = min(torch.get_num_threads(), -(-source.numel // _kernels.BLOCK_NUMEL))
     if PARALLEL_STATS_NUMEL <= source.numel < _kernels.PARALLEL_NUMEL and workers > 1:
@@ -234,8 +243,8 @@ def stats(t: torch.Tensor) -> Sums:
     else:
         totals = _ranged(source)
     total, squares = totals.acc.tolist()
-    low, high, nan, posinf, neginf = totals.state.tolist()
+    low, high, nan, posinf, neginf, content = totals.state.tolist()
     if low > high:  # no finite element
-        return total, squares, math.inf, -math.inf, nan, posinf, neginf
+        return total, squares, math.inf, -math.inf, nan, posinf, neginf, content
     low_value, high_value = _from_key(low, source.float_type), _from_key(high, source.float_type)
-    return total, squares, low_value, high_value, nan, posinf, neginf
+    return total, squares, low_value, high_value, nan, posinf, neginf, content

@@ -126,7 +126,7 @@ def test_parameters_are_summarized_once_per_capture(
     summarized: Counter[int] = Counter()
     summarize = _capture.summarize
 
-    def counting(t: torch.Tensor) -> TensorStats | None:
+    def counting(t: torch.Tensor) -> tuple[TensorStats | None, int | None]:
         summarized[id(t)] += 1
         return summarize(t)
 

@@ -1,0 +1,106 @@
+"""A tensor's content sum: the fingerprint capture checks that a tensor seen again is unchanged
+with (a write behind the version counter's back, a *stomp*, changes it).
+
+The sum of the bit patterns of a tensor's real components (its elements; a complex tensor's
+real and imaginary parts), each read as a signed integer of its own size, wrapping modulo
+2**32 (components of up to 4 bytes) or 2**64 (8 bytes): exact integer arithmetic, so every
+path and every order of adding gives the same value, and torch sums it in the components' own
+width, as fast as a copy (widening each element on the way is ten times slower). It misses a
+write that only permutes elements or whose changes cancel exactly.
+
+A tensor recorded anew is read once: the statistics pass computes its content sum while it
+reads the elements (:func:`tensor_stats_and_content`), and a private copy while it copies
+them (:func:`copy_with_content`). Only a tensor seen again is summed alone
+(:func:`content_sum`), to check it is unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import _kernels, _stats, _stats_pass
+
+
+def _component_bits(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s real components as signed integers (a view); ``None`` where its memory is not
+    what its values are (a conjugate or negative bit) or its components have no integer
+    type of their size."""
+    if t.is_conj() or t.is_neg():
+        return None
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    bits = _stats_pass.SIGNED_BITS.get(t.element_size())
+    return None if bits is None else t.view(bits)
+
+
+def wrapped(total: int, component_size: int) -> int:
+    """``total`` reduced to the content sum's width for components of ``component_size``
+    bytes, as a signed integer."""
+    half = 1 << (31 if component_size <= 4 else 63)
+    return (total + half) % (2 * half) - half
+
+
+def _numba_sum(flat: torch.Tensor) -> int:
+    """The int64 sum of a flat CPU integer tensor by the kernels, one range per thread."""
+    kernels = _kernels._jit()
+    array = flat.numpy()
+    parts = _kernels.run_chunks(array.size, lambda a, b: int(kernels._content_sum(array[a:b])))
+    return sum(parts)
+
+
+def _numba_strided_sum(bits: torch.Tensor) -> int:
+    """The int64 sum of a strided CPU integer tensor by the kernels, in the order of its
+    memory (dimensions by decreasing stride: the sum does not depend on the order), one read
+    of each element where torch's strided reduction is several times slower."""
+    if not bits.numel():
+        return 0
+    dims = sorted((s, n) for n, s in zip(bits.shape, bits.stride(), strict=True) if n > 1)[::-1]
+    if not dims:  # one element
+        return int(bits.reshape(-1).numpy()[0])
+    strides = np.array([s for s, _ in dims], dtype=np.int64)
+    shape = np.array([n for _, n in dims], dtype=np.int64)
+    span = torch.as_strided(bits, (1 + int(((shape - 1) * strides).sum()),), (1,)).numpy()
+    return int(_kernels._jit()._content_sum_strided(span, shape, strides))
+
+
+def content_sum(t: torch.Tensor) -> int | None:
+    """``t``'s content sum (see the module), ``None`` when it has none to tell."""
+    bits = _component_bits(t)
+    if bits is None:
+        return None
+    size = bits.element_size()
+    if _kernels.accepts_bits(bits):
+        if bits.is_contiguous():
+            return wrapped(_numba_sum(bits.reshape(-1)), size)
+        return wrapped(_numba_strided_sum(bits), size)
+    return wrapped(int(bits.sum(dtype=torch.int32 if size <= 4 else torch.int64)), size)
+
+
+def tensor_stats_and_content(t: torch.Tensor) -> tuple[_stats.TensorStats, int | None]:
+    """:func:`~._stats.tensor_stats` of ``t`` and its :func:`content_sum`, from one read of
+    its elements."""
+    stats, total = _stats.stats_with_bit_sum(t)
+    if total is None or t.is_conj() or t.is_neg():
+        return stats, None
+    return stats, wrapped(total, t.element_size() // (2 if t.is_complex() else 1))
+
+
+def copy_with_content(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+    """A contiguous copy of the CPU tensor ``t`` (its conjugate and negative bits resolved)
+    and ``t``'s content sum, computed while copying where the kernels run."""
+    bits = _component_bits(t)
+    if bits is None or not (bits.is_contiguous() and _kernels.accepts_bits(bits)):
+        copy = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
+        return copy, content_sum(copy) if bits is not None else None
+    copy = torch.empty(t.shape, dtype=t.dtype)
+    source, target = bits.reshape(-1).numpy(), _component_bits(copy)
+    assert target is not None
+    into = target.reshape(-1).numpy()
+    kernels = _kernels._jit()
+
+    def work(a: int, b: int) -> int:
+        return int(kernels._copy_content_sum(source[a:b], into[a:b]))
+
+    return copy, wrapped(sum(_kernels.run_chunks(source.size, work)), bits.element_size())

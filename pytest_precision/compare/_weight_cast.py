@@ -41,6 +41,9 @@ WEIGHT_ARGUMENTS: dict[str, tuple[str, ...]] = {
     },
 }
 # fmt: on
+#: The ops and module classes whose weight is a matrix of distinct values.
+MATRIX_OPS = frozenset({"linear", "embedding", "conv1d", "conv2d", "conv3d"})
+MATRIX_MODULES = frozenset({"Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d"})
 
 
 def judge_weight_casts(
@@ -62,7 +65,7 @@ def judge_weight_casts(
     for r in compared:
         g, t = golden_records.get(r.slot), target_records.get(r.slot)
         if _passed_stats(r) and g is not None and t is not None and _is_weight(t, provenance):
-            reason = _not_a_cast(g, t, stats_in_float64)
+            reason = _not_a_cast(g, t, stats_in_float64, distinct=_is_matrix(t, target))
             if reason is not None:
                 what = f"a weight of {t.dtype} that is no rounding of the golden's {g.dtype}"
                 r = replace(r, status="fail", reason=f"{what}: {reason} ({r.reason})")
@@ -93,7 +96,22 @@ def _is_weight(record: Record, provenance: Provenance) -> bool:
     )
 
 
-def _not_a_cast(golden: Record, target: Record, stats_in_float64: bool) -> str | None:
+def _is_matrix(record: Record, call: Call) -> bool:
+    """The weight matrix of a contraction (``linear``, ``embedding``, ``conv``): drawn or
+    trained values, all distinct, whose rounding errors are independent. Other parameters
+    may repeat a few values (a norm's ones, Mamba's ``A_log``)."""
+    if record.slot.startswith("parameters"):
+        return (
+            call.kind == "Module"
+            and call.op in MATRIX_MODULES
+            and record.slot == "parameters.weight"
+        )
+    return bare_op(call.op) in MATRIX_OPS and record.slot in ("input.1", "kwargs.weight")
+
+
+def _not_a_cast(
+    golden: Record, target: Record, stats_in_float64: bool, *, distinct: bool
+) -> str | None:
     if golden.stats is None or target.stats is None:
         return None
     g_dtype, t_dtype = dtype_from_name(golden.dtype), dtype_from_name(target.dtype)
@@ -104,4 +122,5 @@ def _not_a_cast(golden: Record, target: Record, stats_in_float64: bool) -> str |
         t_dtype,
         golden_stats_dtype=torch.float64 if stats_in_float64 else g_dtype,
         target_stats_dtype=torch.float64 if stats_in_float64 else t_dtype,
+        distinct=distinct,
     )

@@ -17,8 +17,11 @@ is far tighter than that:
   chance of a false alarm. For the norm, ``||x + e||**2 - ||x||**2 = sum (2 x_i e_i + e_i**2)``,
   whose random part has variance at most ``4/3 u**2 peak**2 ||x||**2``;
 - a tensor of one value (``max == min``) rounds every element alike: its cast moves the mean by
-  exactly that one rounding; values within a few ULPs of each other (a trained norm's weights
-  near 1) round mostly alike, and are held only to ``|e_i| <= u |x_i|``;
+  exactly that one rounding; a table of a few values repeated (Mamba's ``A_log``, ``log(1..16)``
+  in every row) rounds each copy alike, and values within a few ULPs of each other (a trained
+  norm's weights near 1) mostly alike: these are held only to ``|e_i| <= u |x_i|``. Only the
+  caller knows a tensor's values are distinct (the matrix of a ``linear``, an ``embedding``);
+  max and min hold for every tensor;
 - the statistics themselves are computed: each side's sum accumulates in float32 at least
   (torch reduces bf16 and fp16 in float32) over a tree of ``log2(n)`` levels, and its result
   is rounded once to the dtype the dump computed it in (the tensor's own in msprobe's dumps).
@@ -65,11 +68,15 @@ def not_one_cast(
     *,
     golden_stats_dtype: torch.dtype,
     target_stats_dtype: torch.dtype,
+    distinct: bool,
 ) -> str | None:
     """Why ``target`` cannot be the statistics of the golden's tensor cast once from
     ``golden_dtype`` to ``target_dtype`` (module docstring); None when it can be, or when no
     claim can be made (no narrowing cast, another size, non-finite values).
-    ``*_stats_dtype``: the dtype each dump computed its statistics in."""
+    ``*_stats_dtype``: the dtype each dump computed its statistics in; ``distinct``: the
+    elements are distinct values (a trained or drawn matrix), whose rounding errors are
+    independent; else (a table of a few values repeated, as Mamba's ``A_log``) only the
+    deterministic bound holds."""
     if not narrows(golden_dtype, target_dtype) or golden.numel != target.numel:
         return None
     if golden.numel == 0 or not (_finite(golden) and _finite(target)):
@@ -82,7 +89,7 @@ def not_one_cast(
                 f"{name} {t!r} is not the golden's {g!r} rounded to {_name(target_dtype)} "
                 f"({expected!r}): no cast moves an extreme"
             )
-    cast = _cast_moves(golden, target_dtype)
+    cast = _cast_moves(golden, target_dtype, distinct=distinct)
     golden_own = _computed(golden, golden_stats_dtype)
     target_own = _computed(target, target_stats_dtype)
     allowed = [sum(parts) for parts in zip(cast, golden_own, target_own, strict=True)]
@@ -96,7 +103,7 @@ def not_one_cast(
     return None
 
 
-def _cast_moves(golden: TensorStats, dtype: torch.dtype) -> tuple[float, float]:
+def _cast_moves(golden: TensorStats, dtype: torch.dtype, *, distinct: bool) -> tuple[float, float]:
     """How far casting the golden's elements to ``dtype`` may move the mean and the norm."""
     n = golden.numel
     u = unit_roundoff(dtype)
@@ -106,8 +113,9 @@ def _cast_moves(golden: TensorStats, dtype: torch.dtype) -> tuple[float, float]:
     if golden.max == golden.min:  # one value: every element rounds alike
         step = abs(_cast(golden.max, dtype) - golden.max)
         return step, math.sqrt(n) * step
-    if _spread(golden) < SPREAD_ULPS * 2 * u * peak:
-        # values within a few ULPs of each other round alike: no averaging out, only
+    if not distinct or _spread(golden) < SPREAD_ULPS * 2 * u * peak:
+        # repeated values, or values within a few ULPs of each other, round alike: no
+        # averaging out, only
         # |e_i| <= u |x_i| (sum |x_i| / n <= rms) and ||e|| <= u ||x||
         return u * norm_g / math.sqrt(n) + subnormal, u * norm_g + math.sqrt(n) * subnormal
     # the sum of the errors: variance <= u^2 ||x||^2 / 3, each at most u peak + subnormal

@@ -4,6 +4,8 @@ element among thousands, below the bf16 standard's tolerance, is not."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,6 +25,8 @@ DISTRIBUTIONS = (
     "near one",
     "already narrow",
 )
+#: a table of a few values repeated (Mamba's ``A_log``): its roundings do not average out
+REPEATED = "repeated table"
 
 
 def _weights(seed: int, shape: tuple[int, ...], kind: str, scale: float) -> torch.Tensor:
@@ -42,6 +46,10 @@ def _weights(seed: int, shape: tuple[int, ...], kind: str, scale: float) -> torc
         x = 1.002 + 1e-4 * x
     elif kind == "near one":  # a trained norm's weights
         x = 1 + 0.05 * x
+    elif kind == REPEATED:
+        n = math.prod(shape)
+        x = torch.log(torch.arange(1, 17, dtype=torch.float64)).repeat(n // 16 + 1)[:n]
+        x = x.reshape(shape)
     x = (x * scale).float()
     if kind == "already narrow":  # a golden upcast from a bf16 checkpoint
         x = x.bfloat16().float()
@@ -62,7 +70,9 @@ def _msprobe_stats(t: torch.Tensor) -> TensorStats:
     )
 
 
-def _why_not(golden: torch.Tensor, target: torch.Tensor, *, msprobe: bool) -> str | None:
+def _why_not(
+    golden: torch.Tensor, target: torch.Tensor, *, msprobe: bool, distinct: bool = True
+) -> str | None:
     if msprobe:
         g, t = _msprobe_stats(golden), _msprobe_stats(target)
         g_dtype, t_dtype = golden.dtype, target.dtype
@@ -70,7 +80,13 @@ def _why_not(golden: torch.Tensor, target: torch.Tensor, *, msprobe: bool) -> st
         g, t = tensor_stats(golden), tensor_stats(target)
         g_dtype = t_dtype = torch.float64
     return not_one_cast(
-        g, t, golden.dtype, target.dtype, golden_stats_dtype=g_dtype, target_stats_dtype=t_dtype
+        g,
+        t,
+        golden.dtype,
+        target.dtype,
+        golden_stats_dtype=g_dtype,
+        target_stats_dtype=t_dtype,
+        distinct=distinct,
     )
 
 
@@ -78,7 +94,7 @@ def _why_not(golden: torch.Tensor, target: torch.Tensor, *, msprobe: bool) -> st
 @given(
     st.integers(0, 2**31),
     SHAPES,
-    st.sampled_from(DISTRIBUTIONS),
+    st.sampled_from([*DISTRIBUTIONS, REPEATED]),
     st.floats(1e-3, 30.0),
     st.sampled_from([torch.bfloat16, torch.float16]),
     st.booleans(),
@@ -91,8 +107,11 @@ def test_a_clean_cast_is_one_rounding(
     dtype: torch.dtype,
     msprobe: bool,
 ) -> None:
+    """Values of a matrix taken as distinct; a repeated table held to the deterministic bound
+    (rounding each element by at most ``u |x_i|``)."""
     golden = _weights(seed, shape, kind, scale)
-    assert _why_not(golden, golden.to(dtype), msprobe=msprobe) is None
+    distinct = kind != REPEATED
+    assert _why_not(golden, golden.to(dtype), msprobe=msprobe, distinct=distinct) is None
 
 
 @settings(max_examples=40, deadline=None)
@@ -123,3 +142,12 @@ def test_only_a_narrowing_cast_is_judged() -> None:
     assert not narrows(torch.bfloat16, torch.float32)
     golden = _weights(1, (64,), "normal", 1.0)
     assert _why_not(golden, golden.double(), msprobe=True) is None
+
+
+def test_a_repeated_table_is_no_matrix_of_distinct_values() -> None:
+    """Mamba's ``A_log`` (``log(1..16)`` in each of 128 rows) rounds every copy of a value
+    alike: taken for distinct values, its clean fp16 cast would be convicted (statistics in
+    float64, as native dumps compute them)."""
+    golden = _weights(0, (128, 16), REPEATED, 1.0)
+    assert _why_not(golden, golden.half(), msprobe=False, distinct=True) is not None
+    assert _why_not(golden, golden.half(), msprobe=False, distinct=False) is None

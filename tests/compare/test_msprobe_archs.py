@@ -20,7 +20,8 @@ from pytest_precision import compare_dumps, load_dump, render
 ARCHS = Path(__file__).resolve().parents[2] / "fixtures" / "msprobe" / "archs"
 BUG_MODULES: dict[str, dict[str, str]] = json.loads((ARCHS / "bug_modules.json").read_text())
 
-#: (level, task) of every architecture's dumps; mix tensor only where it was made
+#: (level, task) of every architecture's dumps; mix tensor only where it was made (GPT-NeoX,
+#: BLOOM)
 DUMPS = ("mix_statistics", "L1_statistics", "mix_tensor")
 
 

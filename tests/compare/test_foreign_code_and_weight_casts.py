@@ -10,11 +10,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from test_localize_rules import Dumps
 
 from pytest_precision import Dump, compare_dumps
 from pytest_precision.report import render
-
-from test_localize_rules import Dumps
 
 H = torch.linspace(-3.0, 3.0, 256).reshape(4, 64)
 W = torch.randn(32, 64, generator=torch.Generator().manual_seed(0)) * 0.1

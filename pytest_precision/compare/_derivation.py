@@ -97,7 +97,7 @@ def relation(record: Record, output: Record) -> str | None:
     a, b = record.stats, output.stats
     if a is None or b is None or not (_finite(a) and _finite(b)):
         return None
-    if not _floating(record) or not _floating(output):
+    if not is_floating(record) or not is_floating(output):
         return None
     rtol = ROUNDINGS * 2.0 ** -min(_bits(record), _bits(output))
     scale = max(_rms(a), _rms(b))
@@ -119,7 +119,8 @@ def _finite(s: TensorStats) -> bool:
     return counts == 0 and all(math.isfinite(v) for v in (s.max, s.min, s.mean, s.norm))
 
 
-def _floating(record: Record) -> bool:
+def is_floating(record: Record) -> bool:
+    """A floating dtype (one this torch does not know makes no claim about its elements)."""
     try:
         return dtype_from_name(record.dtype).is_floating_point
     except PrecisionError:  # a dtype this torch does not know: no claim about its elements

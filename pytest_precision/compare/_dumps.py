@@ -181,8 +181,7 @@ def walk(
                     judge.unmatched("target", [t])
                 else:
                     result.matched_calls += 1
-                    result.records.extend(rows)
-                    judge.judge_call(g, t, rows, received)
+                    result.records.extend(judge.judge_call(g, t, rows, received))
                 done += 1
                 if progress is not None:
                     progress(done, total)

@@ -19,6 +19,7 @@ from typing import Literal
 from ..dump._records import Call, Dump, Record
 from ..numerics._dtypes import dtype_from_name
 from ._alignment import completion_order
+from ._foreign import received_exactly
 from ._outputs import OutputJudge, divergence
 from ._provenance import Provenance, home, join
 from ._records import RecordComparer
@@ -32,6 +33,7 @@ from ._results import (
     layer_of,
 )
 from ._stomps import Stomps
+from ._weight_cast import judge_weight_casts
 
 
 class GuiltJudge:
@@ -69,6 +71,8 @@ class GuiltJudge:
         #: per (rank, step), in walk order: calls only one run makes, then the judged ops
         #: whose output failed, as (name, module); a guilty module names one inside it
         self.foreign: dict[tuple[int, int], list[tuple[str, str | None]]] = {}
+        #: calls only the target makes that read exactly what the golden's calls put out
+        self.clean_foreign: set[str] = set()
         self.failing_ops: dict[tuple[int, int], list[tuple[str, str | None]]] = {}
         #: the golden's calls by (step, rank), each in completion order
         by_step_rank: dict[tuple[int, int], list[Call]] = {}
@@ -94,9 +98,17 @@ class GuiltJudge:
         target: Call,
         compared: list[RecordComparison],
         received: float = 0.0,
-    ) -> None:
+    ) -> list[RecordComparison]:
         """Judge one aligned call (until a strong culprit is found), then remember what it
-        produced. ``received``: for a collective, the error the ranks' inputs to it carry."""
+        produced. ``received``: for a collective, the error the ranks' inputs to it carry.
+        Returns ``compared`` as judged: a weight that passed may be no cast of the golden's."""
+        compared = judge_weight_casts(
+            golden,
+            target,
+            compared,
+            self.provenance,
+            stats_in_float64=self.records.exact_weight_stats,
+        )
         if any(r.failed for r in compared):
             self.failing_steps.add(target.step)
         for key in list(self.pending):
@@ -114,6 +126,7 @@ class GuiltJudge:
                 (target.name, target.module)
             )
         self.provenance.remember(golden, target, compared)
+        return compared
 
     def unmatched(self, side: Literal["golden", "target"], calls: Sequence[Call]) -> None:
         """Calls only one run makes: the target's are walked like the others."""
@@ -123,6 +136,8 @@ class GuiltJudge:
             )
             if side == "target":
                 self.track(call)
+                if received_exactly(self.provenance, call, self.clean_foreign):
+                    self.clean_foreign.add(call.name)
 
     def track(self, target: Call) -> None:
         """The last target call inside each module, matched or not: what leaves it."""
@@ -317,13 +332,21 @@ class GuiltJudge:
                 f"is, in the golden, {lost[0]}'s {lost[1]}{inside}, a call the target does not make"
             )
         reason = f"{r.slot} {where}, and differs beyond rounding from the golden's ({r.reason})"
+        found = divergence(target, golden, "unmatched", reason, r)
+        if stranger is not None and runs_in is None and stranger[0] in self.clean_foreign:
+            # no module around the foreign code: it read the golden's values exactly, and
+            # this input is what leaves it
+            if self.outputs.code_difference(r):
+                leaves = "what leaves it differs by more than reordered rounding"
+                clean = f"{stranger[0]} read exactly the golden's values, {leaves}"
+                self._found(replace(found, reason=f"{reason}; {clean}"))
+            return
         # filed under the module the foreign code runs in, so that it settles at the
         # innermost module holding it; one the target never enters: the consumer's
         key = (target.rank, target.step, runs_in or "")
         module = runs_in if runs_in and runs_in != target.module else None
         if key not in self.last_in:
             key, module = (target.rank, target.step, home(target) or ""), None
-        found = divergence(target, golden, "unmatched", reason, r)
         self.pending.setdefault(key, _Suspicion(found, module))
 
     def _derived(self, target: Call, r: RecordComparison, record: Record) -> bool:

@@ -57,7 +57,7 @@ def judge_one_rounding(
     op's tensor inputs match exactly and the output moved beyond one rounding of its dtype.
     ``stats_in_float64``: both dumps computed their statistics in float64 (native dumps; msprobe
     sums in the tensor's own dtype)."""
-    op = _bare(target.op)
+    op = bare_op(target.op)
     if target.kind == "Module" or target.collective or op in RANDOM:
         return rows
     received = [r for r in rows if is_input(r.slot) and _is_tensor_row(r)]
@@ -160,7 +160,7 @@ def _exact(r: RecordComparison) -> bool:
     return r.metrics is not None and r.error_level == 0.0
 
 
-def _bare(op: str) -> str:
+def bare_op(op: str) -> str:
     """``__rmul__`` and ``mul_`` are ``rmul`` and ``mul``; a namespaced op keeps its last
     part."""
     return op.rpartition(".")[2].strip("_")

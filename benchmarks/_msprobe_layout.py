@@ -27,6 +27,7 @@ import torch
 from torch.nn import functional as F
 
 SIDE = 1024  # 1024 x 1024 float32: 1M elements, 4 MiB per tensor
+NUMEL = SIDE * SIDE
 NOISE = 1e-6
 HF_DUMP_SCRIPT = Path(__file__).with_name("_msprobe_hf_dump.py")
 #: the call stack msprobe records for every gelu call (the frames of a module's forward)
@@ -53,14 +54,22 @@ def _summary(tensor: torch.Tensor, data_name: str) -> dict[str, object]:
     }
 
 
-def write_gelu_pair(folder: Path, tensors: int) -> tuple[Path, Path]:
+def pair_bytes(tensors: int, numel: int = NUMEL) -> int:
+    """What :func:`write_gelu_pair` writes, both sides (the data files; the JSON is small)."""
+    return 2 * (tensors // 2) * 2 * numel * 4
+
+
+def write_gelu_pair(folder: Path, tensors: int, numel: int = NUMEL) -> tuple[Path, Path]:
     """The step folders (what ``msprobe compare`` takes) of ``folder/golden`` and
-    ``folder/target``: ``tensors // 2`` gelu calls each; reused if already complete."""
+    ``folder/target``: ``tensors // 2`` gelu calls each on float32 tensors of ``numel``
+    elements (rows of 1024 where it divides); reused if already complete. One tensor at a
+    time is in memory, whatever the size of the pair."""
     pair = (folder / "golden", folder / "target")
     calls = tensors // 2
     if all(_complete(side, calls) for side in pair):
         return pair[0] / "step0", pair[1] / "step0"
-    wobble = 1 + NOISE * torch.randn(SIDE, SIDE, generator=torch.Generator().manual_seed(1))
+    shape = (numel // SIDE, SIDE) if numel % SIDE == 0 else (numel,)
+    wobble = 1 + NOISE * torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     for side in pair:
         rank = side / "step0" / "rank0"
         data = rank / "dump_tensor_data"
@@ -69,7 +78,7 @@ def write_gelu_pair(folder: Path, tensors: int) -> tuple[Path, Path]:
         entries: dict[str, object] = {}
         for i in range(calls):
             call = f"Functional.gelu.{i}.forward"
-            x = torch.randn(SIDE, SIDE, generator=values)
+            x = torch.randn(*shape, generator=values)
             y = F.gelu(x)
             if side.name == "target":
                 x, y = x * wobble.roll(2 * i), y * wobble.roll(2 * i + 1)
@@ -123,5 +132,6 @@ def hf_llama_pair(folder: Path, msprobe: Path) -> tuple[Path, Path] | str:
     return tuple(side / "step0" for side in pair)  # type: ignore[return-value]
 
 
-if __name__ == "__main__":  # python benchmarks/_msprobe_layout.py FOLDER TENSORS
-    print(write_gelu_pair(Path(sys.argv[1]), int(sys.argv[2])))
+if __name__ == "__main__":  # python benchmarks/_msprobe_layout.py FOLDER TENSORS [NUMEL]
+    numel = int(sys.argv[3]) if len(sys.argv) > 3 else NUMEL
+    print(write_gelu_pair(Path(sys.argv[1]), int(sys.argv[2]), numel))

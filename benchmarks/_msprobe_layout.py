@@ -7,6 +7,8 @@ writes for a forward that calls ``torch.nn.functional.gelu`` on 1024 x 1024 floa
 ``dtype``, ``shape``, ``Max``, ``Min``, ``Mean``, ``Norm`` computed in the tensor's dtype,
 ``requires_grad`` and ``data_name``), ``construct.json`` (``{}`` at L1), ``stack.json`` and
 ``dump_tensor_data/`` with one ``torch.save`` file per tensor (an input and an output per call).
+Each call's input is a distinct rotation of one of a few random tensors (and its output the
+same rotation of their gelu), so a pair of any size is written holding a few tensors.
 The structure was checked against a real msprobe 26.2 dump of such a forward (same keys in the
 same order, same ``.pt`` archive members). The target's tensors are the golden's, each element
 scaled by ``1 + 1e-6 * noise``: every tensor slightly different, every record within the float32
@@ -28,6 +30,9 @@ from torch.nn import functional as F
 
 SIDE = 1024  # 1024 x 1024 float32: 1M elements, 4 MiB per tensor
 NUMEL = SIDE * SIDE
+#: random inputs drawn per side; every call's input is a distinct rotation of one of them
+BASES = 4
+ROTATION = 7919
 NOISE = 1e-6
 HF_DUMP_SCRIPT = Path(__file__).with_name("_msprobe_hf_dump.py")
 #: the call stack msprobe records for every gelu call (the frames of a module's forward)
@@ -75,11 +80,15 @@ def write_gelu_pair(folder: Path, tensors: int, numel: int = NUMEL) -> tuple[Pat
         data = rank / "dump_tensor_data"
         data.mkdir(parents=True, exist_ok=True)
         values = torch.Generator().manual_seed(0)
+        bases = [torch.randn(*shape, generator=values) for _ in range(BASES)]
+        outputs = [F.gelu(x) for x in bases]  # gelu commutes with a rotation
         entries: dict[str, object] = {}
         for i in range(calls):
             call = f"Functional.gelu.{i}.forward"
-            x = torch.randn(*shape, generator=values)
-            y = F.gelu(x)
+            # each call's input another rotation of a base: random draws and gelu were most
+            # of the time of writing a pair
+            shift = (i // BASES) * ROTATION % numel
+            x, y = bases[i % BASES].roll(shift), outputs[i % BASES].roll(shift)
             if side.name == "target":
                 x, y = x * wobble.roll(2 * i), y * wobble.roll(2 * i + 1)
             names = f"{call}.input.0.pt", f"{call}.output.0.pt"

@@ -169,7 +169,8 @@ def _gelu_pair(work: Path, tensors: int, numel: int) -> tuple[Path, Path]:
             "--size / --tensors"
         )
     if have < needed:
-        print(f"writing {tensors} x {numel} float32 per side ({needed / 1e9:.1f} GB) in {folder}")
+        size = f"{tensors} x {_elements(numel)} float32 per side ({needed / 1e9:.1f} GB)"
+        print(f"writing {size} in {folder}")
     return write_gelu_pair(folder, tensors, numel)
 
 

@@ -172,23 +172,25 @@ def advised(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise here")
-def test_reading_a_file_asks_for_the_next_ones_within_the_window_once(
+def test_reading_on_in_order_widens_the_window_and_a_jump_narrows_it(
     tmp_path: Path, advised: list[str]
 ) -> None:
-    readahead = Readahead(window_bytes=300)
-    files = [tmp_path / f"{i}.pt" for i in range(6)]
+    readahead = Readahead(window_bytes=300, first_window_bytes=100)
+    files = [tmp_path / f"{i}.pt" for i in range(8)]
     for file in files:
         file.write_bytes(b"x" * 100)
         readahead.add(file, 100)
-    readahead.reading(files[0])
-    assert advised == ["0.pt", "1.pt", "2.pt"]
-    readahead.reading(files[1])  # one more file comes into the window
-    readahead.reading(files[1])
-    assert advised == ["0.pt", "1.pt", "2.pt", "3.pt"]
-    readahead.reading(files[5])  # a jump: from there on
-    assert advised[4:] == ["5.pt"]
+    readahead.reading(files[0])  # the first read: the first window
+    assert advised == ["0.pt"]
+    readahead.reading(files[1])  # on in order: twice as far
+    assert advised[1:] == ["1.pt", "2.pt"]
+    readahead.reading(files[1])  # the same file again: nothing new
+    readahead.reading(files[2])  # as far as the largest window
+    assert advised[3:] == ["3.pt", "4.pt"]
+    readahead.reading(files[7])  # a jump: the first window again
+    readahead.reading(files[6])  # back: already behind what was advised
     readahead.reading(tmp_path / "unknown.pt")
-    assert len(advised) == 5
+    assert advised[5:] == ["7.pt"]
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise here")

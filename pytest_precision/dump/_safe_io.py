@@ -1,15 +1,16 @@
 """Reading tensor files without ever executing code from them.
 
-``.pt`` goes only through ``torch.load(weights_only=True)``; ``.npy`` / ``.npz`` through numpy
-with ``allow_pickle=False``; safetensors through its own header-checked reader. Every failure
-becomes a :class:`DumpFormatError` naming the file, so a bad or hostile file is one clear line
-for the user, never a traceback and never a side effect. Sizes a file declares (a ``.npy``
-header's shape, safetensors offsets, a ``.npz`` member's size) are checked against the bytes
-actually there before anything is allocated, and a compressed ``.npz`` member may inflate to
-at most :func:`max_inflated_bytes`, streamed in chunks so a member lying about its size is
-caught while reading, not after filling memory. Data is memory-mapped where the format
-allows (``.npy``, zip-format ``.pt``, safetensors); mappings are copy-on-write, so a caller that
-writes to a loaded tensor never touches the file.
+``.pt`` goes only through ``torch.load(weights_only=True)``, or, one plain tensor, through
+:mod:`._pt_file`, which decodes the pickle's opcodes and runs none; ``.npy`` / ``.npz`` through
+numpy with ``allow_pickle=False``; safetensors through its own header-checked reader. Every
+failure becomes a :class:`DumpFormatError` naming the file, so a bad or hostile file is one
+clear line for the user, never a traceback and never a side effect. Sizes a file declares (a
+``.npy`` header's shape, safetensors offsets, a ``.npz`` member's size) are checked against the
+bytes actually there before anything is allocated, and a compressed ``.npz`` member may inflate
+to at most :func:`max_inflated_bytes`, streamed in chunks so a member lying about its size is
+caught while reading, not after filling memory. Data is memory-mapped where the format allows
+(``.npy``, zip-format ``.pt``, safetensors); mappings are copy-on-write, so a caller that writes
+to a loaded tensor never touches the file.
 """
 
 from __future__ import annotations

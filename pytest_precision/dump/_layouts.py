@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -42,7 +43,7 @@ from ._placed import (
     propagate_layouts,
     shard_dim,
 )
-from ._records import Dump, Record
+from ._records import GARBAGE_MEMORY, Dump, Record
 
 Assemble = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 #: a layout the user names: ``"replicated"``, ``"partial"``, ``("shard", dim)`` or a function
@@ -124,15 +125,25 @@ def merge_layouts(
 
 
 def _without_sizes(dump: Dump) -> Dump:
-    """``dump`` without its integer arguments: split sizes, head counts in a ``view``, which
-    one layout has per rank and the other whole (a float, a string, a flag is still compared)."""
-    return replace(dump, records=[r for r in dump.records if r.is_tensor or not _sizes(r.value)])
+    """``dump`` without its size arguments (split sizes, head counts in a ``view``, slices) and
+    objects passed as arguments (a layer, whose description prints its per-rank sizes): one
+    layout has them per rank and the other whole. A float, a flag, a string is still compared."""
+    return replace(dump, records=[r for r in dump.records if r.is_tensor or not _per_rank(r.value)])
 
 
-def _sizes(value: object) -> bool:
+#: what an object's description looks like: ``ParallelLMHead(num_embeddings=300, ...)``
+_DESCRIBED = re.compile(r"[A-Za-z_]\w*\(.*\)", re.DOTALL)
+
+
+def _per_rank(value: object) -> bool:
+    """Sizes (an int, a slice, a list of them as in an index ``[..., :64]``) or a
+    description."""
     if isinstance(value, (list, tuple)):
-        return bool(value) and all(_sizes(v) for v in value)
-    return type(value) is int
+        sized = [v for v in value if v is not None and v is not Ellipsis]
+        return bool(sized) and all(_per_rank(v) for v in sized)
+    if isinstance(value, slice):
+        return True
+    return type(value) is int or (isinstance(value, str) and bool(_DESCRIBED.fullmatch(value)))
 
 
 def _shapes(dump: Dump) -> dict[tuple[int, str, str], tuple[int, ...]]:
@@ -163,6 +174,8 @@ def _merge(
     for key, parts in groups.items():
         parts.sort(key=lambda r: r.rank)
         first = parts[0]
+        if first.layout is not None and first.layout.how == "local":
+            continue  # rank-local work, no part of the logical run
         if not first.is_tensor or (len(parts) == 1 and first.layout is None):
             records.append(replace(first, rank=0))
             continue
@@ -261,6 +274,14 @@ def _merged_record(assembly: Assembly) -> Record | None:
         if has_data and len(parts) > 1 and first.layout and assembly.reference is not None:
             first = parts[pick_replica([_load(p) for p in parts], assembly.reference.load())]
         return replace(first, rank=0)
+    if assembly.how == "shard" and all(p.memory in GARBAGE_MEMORY for p in parts):
+        shape = list(first.shape or ())  # a buffer no call wrote yet: its shape, no content
+        shape[_dim(assembly)] = (
+            parts[0].layout.size
+            if assembly.placed and parts[0].layout is not None
+            else sum((p.shape or ())[_dim(assembly)] for p in parts)
+        )
+        return replace(first, rank=0, shape=tuple(shape))
     if not has_data and (
         assembly.how != "shard" or (assembly.placed and not is_plain_split(parts, _dim(assembly)))
     ):
@@ -371,5 +392,5 @@ def culprit_ranks(
     return tuple(
         r
         for r, piece, want in zip(ranks, pieces, expected, strict=True)
-        if piece is not None and differs(piece, want)
+        if piece is not None and (piece.shape != want.shape or differs(piece, want))
     )

@@ -16,15 +16,18 @@ from typing import Any
 
 import torch
 
-from ._tensor_layouts import PARTIAL, REPLICATED, TensorLayout, shard
+from ._tensor_layouts import LOCAL, PARTIAL, REPLICATED, TensorLayout, shard
 
+#: the slot whose layout is that of every tensor of the op calls inside the layer
+INSIDE = "*"
 #: ``(start, size, logical_start)`` runs along the split dimension, as in :func:`shard`
 Runs = list[tuple[int, int, int]]
 
 
 def module_layouts(module: Any) -> dict[str, TensorLayout]:
-    """Slot (``parameters.weight``, ``output.0``) -> layout, for a layer that is recognised as
-    tensor-parallel; empty for any other module, or one whose attributes do not add up."""
+    """Slot (``parameters.weight``, ``output.0``; :data:`INSIDE` for the op calls inside it)
+    -> layout, for a layer that is recognised as tensor-parallel; empty for any other module,
+    or one whose attributes do not add up."""
     rank, ranks = getattr(module, "tp_rank", None), getattr(module, "tp_size", None)
     if type(rank) is not int or type(ranks) is not int or not 0 <= rank < ranks:
         return {}
@@ -117,7 +120,9 @@ def _row(module: Any, ranks: int) -> dict[str, TensorLayout]:
 def _vocabulary(module: Any) -> dict[str, TensorLayout]:
     """A vocabulary split between ranks (an embedding, an LM head): rank ``r`` holds its range
     of the original vocabulary, then its range of the added one, each padded; the padding is
-    no part of the logical table."""
+    no part of the logical table. Split between ranks, each looks up only the tokens in its
+    range (the others' indices masked to 0, their rows zeroed after): its op calls are rank-local
+    work that only the layer's output, after its all-reduce, makes whole."""
     shard_indices = module.shard_indices
     org = int(shard_indices.org_vocab_end_index) - int(shard_indices.org_vocab_start_index)
     added = int(shard_indices.added_vocab_end_index) - int(shard_indices.added_vocab_start_index)
@@ -128,4 +133,8 @@ def _vocabulary(module: Any) -> dict[str, TensorLayout]:
     if added:
         runs.append((org_padded, added, int(shard_indices.added_vocab_start_index)))
     size = int(module.org_vocab_size) + int(getattr(module, "num_added_embeddings", 0))
-    return {"parameters.weight": shard(0, size, runs)}
+    layouts = {"parameters.weight": shard(0, size, runs)}
+    if int(module.tp_size) > 1:
+        layouts[INSIDE] = LOCAL
+        layouts["output.0"] = REPLICATED  # after its all-reduce
+    return layouts

@@ -19,7 +19,7 @@ import torch
 
 from .._errors import DumpFormatError
 
-How = Literal["shard", "replicated", "partial"]
+How = Literal["shard", "replicated", "partial", "local"]
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,10 @@ class Piece:
 @dataclass(frozen=True)
 class TensorLayout:
     """How one rank's tensor relates to the logical one: ``replicated`` (every rank holds it
-    whole), ``partial`` (the ranks' tensors add up to it), or ``shard``: the ``pieces`` along
-    ``dim`` (negative: from the last) of a logical tensor ``size`` long there."""
+    whole), ``partial`` (the ranks' tensors add up to it), ``shard``: the ``pieces`` along
+    ``dim`` (negative: from the last) of a logical tensor ``size`` long there, or ``local``: no
+    part of any logical tensor (a lookup's indices masked to this rank's range of a vocabulary,
+    and what they fetch)."""
 
     how: How
     dim: int = 0
@@ -52,6 +54,7 @@ class TensorLayout:
 
 REPLICATED = TensorLayout("replicated")
 PARTIAL = TensorLayout("partial")
+LOCAL = TensorLayout("local")
 
 
 def shard(dim: int, size: int, pieces: list[tuple[int, int, int]]) -> TensorLayout:
@@ -63,7 +66,12 @@ def parse_layout(value: object, where: str) -> TensorLayout | None:
     """A record's ``layout`` member, checked (a dump is untrusted input)."""
     if value is None:
         return None
-    if not isinstance(value, dict) or value.get("how") not in ("shard", "replicated", "partial"):
+    if not isinstance(value, dict) or value.get("how") not in (
+        "shard",
+        "replicated",
+        "partial",
+        "local",
+    ):
         raise DumpFormatError(where, f"malformed layout {value!r}")
     if value["how"] != "shard":
         return TensorLayout(value["how"])

@@ -32,7 +32,7 @@ from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
 from ._record_json import changed_since_json, json_dtype, json_shape, json_slot, json_value
 from ._recorded import RecordedTensors
 from ._records import GARBAGE_MEMORY
-from ._tensor_layouts import TensorLayout, dtensor_local
+from ._tensor_layouts import TensorLayout, with_layout
 from ._uninitialized import UninitializedMemory
 from ._writer import DumpWriter, private_copy, summarize
 
@@ -53,6 +53,8 @@ def _compile(patterns: tuple[str, ...] | None) -> re.Pattern[str] | None:
 
 #: The fields every record of one call shares, encoded once per call (see ``json_members``).
 _Head = str
+#: the layouts of a module's slots when capture knows none
+_NO_LAYOUTS: dict[str, TensorLayout] = {}
 
 
 class _OpMode(TorchFunctionMode):
@@ -154,10 +156,8 @@ class Capture:
         self._uninitialized = UninitializedMemory()  # recorded without data
         self._keys = itertools.count()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        #: module path -> the layouts of its tensor-parallel parameters and output, by slot
+        #: module path -> the layouts of a tensor-parallel layer's slots (``INSIDE``: its ops')
         self._layouts: dict[str, dict[str, TensorLayout]] = {}
-        #: module path -> the layout of every tensor of the op calls directly inside it
-        self._inside: dict[str, TensorLayout] = {}
         self._mode: _OpMode | None = None
         self._writer: DumpWriter | None = None
 
@@ -186,8 +186,6 @@ class Capture:
             path = names[id(module)]
             if layouts := module_layouts(module):
                 self._layouts[path] = layouts
-                if INSIDE in layouts:
-                    self._inside[path] = layouts[INSIDE]
             self._handles.append(
                 module.register_forward_pre_hook(self._pre_hook(path), with_kwargs=True)
             )
@@ -244,9 +242,11 @@ class Capture:
             if self.level == "op" or not self._recording or not self._keep(name, path):
                 return
             head = self._head(name, "Module", cls, path, parent)
-            self._record_values(head, input_leaves(args, kwargs, owned_cache_layers(module)))
+            layouts = self._layouts.get(path, _NO_LAYOUTS)
+            self._record_values(
+                head, input_leaves(args, kwargs, owned_cache_layers(module)), layouts
+            )
             params = module.named_parameters(recurse=False)
-            layouts = self._layouts.get(path)
             self._record_values(head, [(f"parameters.{n}", p) for n, p in params], layouts)
 
         return hook
@@ -268,7 +268,8 @@ class Capture:
             if self._keep(name, path):
                 parent = self._stack[-1][0] if self._stack else None
                 head = self._head(name, "Module", type(module).__name__, path, parent)
-                self._record_values(head, output_leaves(output), self._layouts.get(path))
+                layouts = self._layouts.get(path, _NO_LAYOUTS)
+                self._record_values(head, output_leaves(output), layouts)
 
         return hook
 
@@ -349,13 +350,13 @@ class Capture:
         leaves: list[tuple[str, Any]],
         layouts: dict[str, TensorLayout] | None = None,
     ) -> None:
-        """Record each ``(slot, value)``; ``layouts`` by slot, where a tensor-parallel layer
-        said how its tensors are split."""
+        """Record each ``(slot, value)``: a module's with its ``layouts`` by slot, an op call's
+        (``None``) with the layout of the tensors of calls inside its layer, if any."""
         writer = self._writer
         assert writer is not None
         inside = None
-        if layouts is None and self._inside and self._stack:  # an op call in such a layer
-            inside = self._inside.get(self._stack[-1][1])
+        if layouts is None and self._layouts and self._stack:
+            inside = self._layouts.get(self._stack[-1][1], _NO_LAYOUTS).get(INSIDE)
         self._busy = True
         try:
             for slot, value in leaves:
@@ -377,10 +378,7 @@ class Capture:
         self, writer: DumpWriter, members: str, t: torch.Tensor, layout: TensorLayout | None
     ) -> None:
         label = members  # the call and slot, for a later record that finds t changed
-        if (local := dtensor_local(t)) is not None:  # this rank's piece, where it sits
-            t, layout = local[0], local[1] or layout
-        if layout is not None:
-            members = f'{members},"layout":{json_text(layout.to_json())}'
+        t, members = with_layout(t, members, layout)
         shape = json_shape(t.shape)
         members = f'{members},"dtype":{json_dtype(t.dtype)},"shape":{shape},"value":null'
         if t.layout is torch.strided and not t.is_contiguous():  # data is stored contiguous

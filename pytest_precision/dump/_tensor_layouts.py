@@ -12,6 +12,7 @@ of the logical tensor. In a dump, a record's optional ``layout`` member (docs/du
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -89,6 +90,19 @@ def parse_layout(value: object, where: str) -> TensorLayout | None:
             raise DumpFormatError(where, f"malformed layout piece {piece!r} (logical size {size})")
         parsed.append(Piece(*piece))
     return TensorLayout("shard", dim, size, tuple(parsed))
+
+
+def with_layout(
+    t: torch.Tensor, members: str, layout: TensorLayout | None
+) -> tuple[torch.Tensor, str]:
+    """The tensor to record (a DTensor's local one) and its record's members with its
+    ``layout`` (a DTensor's own, from its placements) added."""
+    if (local := dtensor_local(t)) is not None:
+        t, layout = local[0], local[1] or layout
+    if layout is not None:
+        encoded = json.dumps(layout.to_json(), separators=(",", ":"))
+        members = f'{members},"layout":{encoded}'
+    return t, members
 
 
 def dtensor_local(t: torch.Tensor) -> tuple[torch.Tensor, TensorLayout | None] | None:

@@ -5,8 +5,9 @@ merge by recorded layouts.
   (``ColwiseParallel`` up projections, ``RowwiseParallel`` down projections): every weight,
   input and output a DTensor with its placements. TP=1 is the same model unsplit.
 * ``fused``: a decoder-like stack of layers with the attributes of vLLM's parallel layers (a
-  fused q/k/v projection with fewer k/v heads than ranks, so each rank holds a copy of the k/v
-  head; a fused gate/up projection; row-parallel output projections). Concatenating their
+  vocabulary-parallel embedding with padding; a fused q/k/v projection with fewer k/v heads
+  than ranks, so each rank holds a copy of the k/v head; a fused gate/up projection;
+  row-parallel output projections). Concatenating their
   shards in rank order interleaves q, k and v: only the recorded layout merges them right.
 
 Variants plant a wrong element in one rank's piece of layer 1: ``q`` in rank 1's q heads,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import faulthandler
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -28,10 +30,15 @@ from torch.nn import functional
 HIDDEN, TOKENS, LAYERS = 16, 5, 2
 HEADS, KV_HEADS, HEAD = 4, 1, 4
 INTER = 24
+VOCAB, PADDED = 50, 64  # the vocabulary, padded as vLLM pads it (to a multiple of 64)
 
 
 def _input() -> torch.Tensor:
     return torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(5))
+
+
+def _tokens() -> torch.Tensor:
+    return torch.tensor([3, 47, 12, 33, 49])
 
 
 def _weights(*shapes: tuple[int, int]) -> list[list[torch.Tensor]]:
@@ -167,6 +174,38 @@ class RowParallelLinear(torch.nn.Module):
         return out, None
 
 
+class VocabParallelEmbedding(torch.nn.Module):
+    """vLLM's vocabulary-parallel embedding: rank ``r`` holds its range of the padded
+    vocabulary (the last rank's ends in padding rows, here garbage), looks up the tokens in its
+    range (the others' indices masked to 0, their rows zeroed), and the all-reduce adds the
+    ranks' rows."""
+
+    def __init__(self, table: torch.Tensor, rank: int, world: int) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = rank, world
+        self.org_vocab_size, self.num_added_embeddings = VOCAB, 0
+        rows = PADDED // world
+        start, end = rank * rows, min((rank + 1) * rows, VOCAB)
+        self.shard_indices = SimpleNamespace(
+            padded_org_vocab_start_index=start, padded_org_vocab_end_index=start + rows,
+            org_vocab_start_index=start, org_vocab_end_index=end,
+            added_vocab_start_index=VOCAB, added_vocab_end_index=VOCAB,
+        )  # fmt: skip
+        weight = torch.full((rows, HIDDEN), 7.0)
+        weight[: end - start] = table[start:end]
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return functional.embedding(ids, self.weight)
+        start = self.shard_indices.org_vocab_start_index
+        mine = (ids >= start) & (ids < self.shard_indices.org_vocab_end_index)
+        out = functional.embedding((ids - start) * mine, self.weight)
+        out.masked_fill_(~mine.unsqueeze(-1), 0)
+        dist.all_reduce(out)
+        return out
+
+
 class _Decoder(torch.nn.Module):
     def __init__(self, weights: list[torch.Tensor], rank: int, world: int) -> None:
         super().__init__()
@@ -196,6 +235,8 @@ class FusedStack(torch.nn.Module):
             (HEADS * HEAD, HIDDEN), (KV_HEADS * HEAD, HIDDEN), (KV_HEADS * HEAD, HIDDEN),
             (HIDDEN, HEADS * HEAD), (INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER),
         ]  # fmt: skip
+        table = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(3))
+        self.embed_tokens = VocabParallelEmbedding(table, rank, world)
         layers = []
         for i, weights in enumerate(_weights(*shapes)):
             if i == 1 and variant == "q":  # rank 1's first q head (rank 1 of TP=2)
@@ -207,7 +248,8 @@ class FusedStack(torch.nn.Module):
                 qkv = self.layers[1].qkv_proj
                 qkv.weight[qkv.num_heads * HEAD + 1, 3] += 0.5
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(ids)
         for layer in self.layers:
             x = layer(x)
         return x
@@ -230,7 +272,7 @@ def _capture(root: Path, kind: str, world: int, variant: str, rank: int = 0) -> 
     path = root / f"{kind}-tp{world}-{variant}"
     model = _model(kind, rank, world, variant)
     with torch.no_grad(), capture(model, path, level="mix"):
-        model(_input())
+        model(_input() if kind == "dtensor" else _tokens())
     return path
 
 

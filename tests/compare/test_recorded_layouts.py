@@ -1,6 +1,7 @@
 """Comparison across tensor-parallel sizes by the layouts capture records, on real gloo runs:
 a DTensor model (torch.distributed.tensor.parallel) and a stack of layers with the attributes
-of vLLM's parallel layers (fused q/k/v with a k/v head shared by both ranks, fused gate/up).
+of vLLM's parallel layers (a vocabulary split with padding, fused q/k/v with a k/v head shared
+by both ranks, fused gate/up).
 Their shards cannot be put together by shapes alone; without a user table, a clean TP=1 / TP=2
 pair passes and a wrong element in one rank's piece is convicted at its module, on its rank."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tp_recorded import HEAD, HEADS, HIDDEN, KV_HEADS, capture_runs
+from tp_recorded import HEAD, HEADS, HIDDEN, KV_HEADS, PADDED, VOCAB, capture_runs
 
 from pytest_precision import compare_dumps, load_dump, render
 from pytest_precision.dump._tensor_layouts import Piece
@@ -64,7 +65,8 @@ def test_a_wrong_piece_is_convicted_at_its_module_on_its_rank(
 
 def test_capture_records_where_each_rank_piece_sits(runs: dict[str, Path]) -> None:
     """Rank 1 of the fused q/k/v projection: its two q heads land after rank 0's, its copy of
-    the only k/v head where the k and v heads begin; the DTensor's shard by its placement."""
+    the only k/v head where the k and v heads begin; its part of the vocabulary without the
+    padding; the DTensor's shard by its placement."""
     dump = load_dump(runs["fused-tp2-clean"])
     weight = next(
         r
@@ -79,6 +81,18 @@ def test_capture_records_where_each_rank_piece_sits(runs: dict[str, Path]) -> No
         Piece(q // 2, kv, q),
         Piece(q // 2 + kv, kv, q + kv),
     )
+    # the vocabulary: rank 1's real rows, not its padding; its masked lookup is rank-local
+    table = next(
+        r
+        for r in dump.records
+        if r.rank == 1 and r.module == "embed_tokens" and r.slot == "parameters.weight"
+    )
+    assert table.layout is not None
+    assert table.layout.size == VOCAB
+    assert table.layout.pieces == (Piece(0, VOCAB - PADDED // 2, PADDED // 2),)
+    lookup = [r for r in dump.records if r.rank == 1 and r.name == "Functional.embedding.0.forward"]
+    assert lookup
+    assert all(r.layout is not None and r.layout.how == "local" for r in lookup if r.is_tensor)
     dtensor = load_dump(runs["dtensor-tp2-clean"])
     up = next(
         r

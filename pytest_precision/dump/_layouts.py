@@ -14,6 +14,11 @@ of a side is merged into one logical record per (step, call, slot):
   before their all-reduce. They are summed (in float64, stored in the tensor's dtype). A
   statistics-only dump cannot sum statistics: such a record is left out, and named.
 
+Where capture recorded a record's layout (``Record.layout``: a DTensor's placements, a
+tensor-parallel layer's split, see :mod:`._placed`), that layout decides instead of the shapes:
+the pieces of a fused q/k/v projection are placed where they belong, a vocabulary's padding is
+left out, rank-local work is dropped.
+
 The ``layouts`` table overrides the rule for records whose call name or module path matches a
 pattern (``"*.qkv_proj"``): a fused projection whose shards interleave (q, k and v of each
 rank side by side) is assembled by the user's function from the list of rank tensors.
@@ -224,8 +229,10 @@ def _recorded_assembly(parts: list[Record]) -> Assembly | None:
     """The assembly the layouts capture recorded say, when every part has one and they
     agree; None (the shapes decide) otherwise."""
     hows = {p.layout.how if p.layout is not None else None for p in parts}
-    if hows == {"replicated"} or (hows == {"partial"} and len(parts) > 1):
-        return Assembly(hows.pop(), None, tuple(parts))  # type: ignore[arg-type]
+    if hows == {"replicated"}:
+        return Assembly("replicated", None, tuple(parts))
+    if hows == {"partial"} and len(parts) > 1:
+        return Assembly("partial", None, tuple(parts))
     if hows != {"shard"}:
         return None
     dim = shard_dim(parts)

@@ -3,8 +3,8 @@
 A layout is recorded where capture learns it: on a DTensor's every record, and on the records of
 a tensor-parallel layer's parameters and output. The other records of the same tensor (the op
 that read the weight, the op whose output the layer returned) are found here by their data: the
-same stored data, or in a statistics-only dump the same shape and statistics, on the same rank
-and step.
+same stored data, or the same shape and statistics (all a statistics-only dump has; a buffer a
+kernel filled is recorded again after the call), on the same rank and step.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def piece_differs(
     assert part.layout is not None
     for piece in part.layout.pieces:
         mine = tensor.narrow(dim, piece.start, piece.size)
-        if piece.logical_start + piece.size > golden.shape[dim] if golden.dim() > dim else True:
+        if golden.dim() <= dim or piece.logical_start + piece.size > golden.shape[dim]:
             return True  # the golden has no such elements
         want = golden.narrow(dim, piece.logical_start, piece.size)
         if mine.shape != want.shape or differs(mine, want):

@@ -26,11 +26,13 @@ from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError, PrecisionWarning
 from ._leaves import has_tensor, input_leaves, output_leaves, owned_cache_layers
+from ._module_layouts import INSIDE, module_layouts
 from ._native import json_members, json_text
 from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
 from ._record_json import changed_since_json, json_dtype, json_shape, json_slot, json_value
 from ._recorded import RecordedTensors
 from ._records import GARBAGE_MEMORY
+from ._tensor_layouts import TensorLayout, with_layout
 from ._uninitialized import UninitializedMemory
 from ._writer import DumpWriter, private_copy, summarize
 
@@ -51,6 +53,8 @@ def _compile(patterns: tuple[str, ...] | None) -> re.Pattern[str] | None:
 
 #: The fields every record of one call shares, encoded once per call (see ``json_members``).
 _Head = str
+#: the layouts of a module's slots when capture knows none
+_NO_LAYOUTS: dict[str, TensorLayout] = {}
 
 
 class _OpMode(TorchFunctionMode):
@@ -152,6 +156,8 @@ class Capture:
         self._uninitialized = UninitializedMemory()  # recorded without data
         self._keys = itertools.count()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        #: module path -> the layouts of a tensor-parallel layer's slots (``INSIDE``: its ops')
+        self._layouts: dict[str, dict[str, TensorLayout]] = {}
         self._mode: _OpMode | None = None
         self._writer: DumpWriter | None = None
 
@@ -178,6 +184,8 @@ class Capture:
             names.setdefault(id(module), path)
         for module in {id(m): m for m in self.model.modules()}.values():
             path = names[id(module)]
+            if layouts := module_layouts(module):
+                self._layouts[path] = layouts
             self._handles.append(
                 module.register_forward_pre_hook(self._pre_hook(path), with_kwargs=True)
             )
@@ -234,9 +242,12 @@ class Capture:
             if self.level == "op" or not self._recording or not self._keep(name, path):
                 return
             head = self._head(name, "Module", cls, path, parent)
-            self._record_values(head, input_leaves(args, kwargs, owned_cache_layers(module)))
+            layouts = self._layouts.get(path, _NO_LAYOUTS)
+            self._record_values(
+                head, input_leaves(args, kwargs, owned_cache_layers(module)), layouts
+            )
             params = module.named_parameters(recurse=False)
-            self._record_values(head, [(f"parameters.{n}", p) for n, p in params])
+            self._record_values(head, [(f"parameters.{n}", p) for n, p in params], layouts)
 
         return hook
 
@@ -257,7 +268,8 @@ class Capture:
             if self._keep(name, path):
                 parent = self._stack[-1][0] if self._stack else None
                 head = self._head(name, "Module", type(module).__name__, path, parent)
-                self._record_values(head, output_leaves(output))
+                layouts = self._layouts.get(path, _NO_LAYOUTS)
+                self._record_values(head, output_leaves(output), layouts)
 
         return hook
 
@@ -332,14 +344,26 @@ class Capture:
             self._recorded.forget(t)
         return written
 
-    def _record_values(self, head: _Head, leaves: list[tuple[str, Any]]) -> None:
+    def _record_values(
+        self,
+        head: _Head,
+        leaves: list[tuple[str, Any]],
+        layouts: dict[str, TensorLayout] | None = None,
+    ) -> None:
+        """Record each ``(slot, value)``: a module's with its ``layouts`` by slot, an op call's
+        (``None``) with the layout of the tensors of calls inside its layer, if any."""
         writer = self._writer
         assert writer is not None
+        inside = None
+        if layouts is None and self._layouts and self._stack:
+            inside = self._layouts.get(self._stack[-1][1], _NO_LAYOUTS).get(INSIDE)
         self._busy = True
         try:
             for slot, value in leaves:
                 if isinstance(value, torch.Tensor):
-                    self._record_tensor(writer, f'{head},"slot":{json_slot(slot)}', value)
+                    layout = inside if layouts is None else layouts.get(slot)
+                    members = f'{head},"slot":{json_slot(slot)}'
+                    self._record_tensor(writer, members, value, layout)
                 else:
                     encoded = json_value(value)
                     writer.add_encoded(
@@ -350,8 +374,11 @@ class Capture:
         finally:
             self._busy = False
 
-    def _record_tensor(self, writer: DumpWriter, members: str, t: torch.Tensor) -> None:
+    def _record_tensor(
+        self, writer: DumpWriter, members: str, t: torch.Tensor, layout: TensorLayout | None
+    ) -> None:
         label = members  # the call and slot, for a later record that finds t changed
+        t, members = with_layout(t, members, layout)
         shape = json_shape(t.shape)
         members = f'{members},"dtype":{json_dtype(t.dtype)},"shape":{shape},"value":null'
         if t.layout is torch.strided and not t.is_contiguous():  # data is stored contiguous

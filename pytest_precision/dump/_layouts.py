@@ -14,6 +14,11 @@ of a side is merged into one logical record per (step, call, slot):
   before their all-reduce. They are summed (in float64, stored in the tensor's dtype). A
   statistics-only dump cannot sum statistics: such a record is left out, and named.
 
+Where capture recorded a record's layout (``Record.layout``: a DTensor's placements, a
+tensor-parallel layer's split, see :mod:`._placed`), that layout decides instead of the shapes:
+the pieces of a fused q/k/v projection are placed where they belong, a vocabulary's padding is
+left out, rank-local work is dropped.
+
 The ``layouts`` table overrides the rule for records whose call name or module path matches a
 pattern (``"*.qkv_proj"``): a fused projection whose shards interleave (q, k and v of each
 rank side by side) is assembled by the user's function from the list of rank tensors.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -34,7 +40,15 @@ import torch
 
 from .._errors import PrecisionInputError
 from ..numerics._stats import TensorStats, tensor_stats
-from ._records import Dump, Record
+from ._placed import (
+    is_plain_split,
+    pick_replica,
+    piece_differs,
+    place,
+    propagate_layouts,
+    shard_dim,
+)
+from ._records import GARBAGE_MEMORY, Dump, Record
 
 Assemble = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 #: a layout the user names: ``"replicated"``, ``"partial"``, ``("shard", dim)`` or a function
@@ -54,6 +68,11 @@ class Assembly:
     parts: tuple[Record, ...]
     #: the user's function that assembles them (``user`` only)
     assemble: Assemble | None = None
+    #: the parts' pieces are placed where their recorded layouts say (``shard`` only)
+    placed: bool = False
+    #: the golden's logical record of the same call and slot, if any: where replicas
+    #: disagree, the one farther from it is kept
+    reference: Record | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,8 @@ class MergedLayouts:
     assembled: Mapping[tuple[int, str, str], Assembly]
     #: ``name.slot`` of records that could not be merged (partial sums without data)
     left_out: tuple[str, ...]
+    #: how many records of both sides were assembled by the layouts capture recorded
+    placed: int = 0
 
 
 def rank_count(dump: Dump) -> int:
@@ -83,24 +104,51 @@ def merge_layouts(
     if ng == nt:
         return None
     rules = dict(layouts or {})
+    golden = replace(golden, records=propagate_layouts(golden.records))
+    target = replace(target, records=propagate_layouts(target.records))
     golden_shapes = _shapes(golden)
     target_shapes = _shapes(target)
     merged_golden, golden_assembled, golden_left = _merge(golden, ng, target_shapes, nt, rules)
-    merged_target, assembled, target_left = _merge(target, nt, golden_shapes, ng, rules)
+    references = {(r.step, r.name, r.slot): r for r in merged_golden.records}
+    merged_target, assembled, target_left = _merge(target, nt, golden_shapes, ng, rules, references)
     if not any(
-        a.how in ("shard", "user") for a in [*golden_assembled.values(), *assembled.values()]
+        a.how in ("shard", "user") and len(a.parts) > 1
+        for a in [*golden_assembled.values(), *assembled.values()]
     ):
         # no tensor is split between ranks: not another tensor-parallel size but ranks one
         # dump lacks (a crashed rank, data-parallel replicas), compared rank by rank
         return None
     return MergedLayouts(
-        golden=merged_golden,
-        target=merged_target,
+        golden=_without_sizes(merged_golden),
+        target=_without_sizes(merged_target),
         golden_ranks=ng,
         target_ranks=nt,
         assembled=assembled,
         left_out=tuple(dict.fromkeys(golden_left + target_left)),
+        placed=sum(a.placed for a in [*golden_assembled.values(), *assembled.values()]),
     )
+
+
+def _without_sizes(dump: Dump) -> Dump:
+    """``dump`` without its size arguments (split sizes, head counts in a ``view``, slices) and
+    objects passed as arguments (a layer, whose description prints its per-rank sizes): one
+    layout has them per rank and the other whole. A float, a flag, a string is still compared."""
+    return replace(dump, records=[r for r in dump.records if r.is_tensor or not _per_rank(r.value)])
+
+
+#: what an object's description looks like: ``ParallelLMHead(num_embeddings=300, ...)``
+_DESCRIBED = re.compile(r"[A-Za-z_]\w*\(.*\)", re.DOTALL)
+
+
+def _per_rank(value: object) -> bool:
+    """Sizes (an int, a slice, a list of them as in an index ``[..., :64]``) or a
+    description."""
+    if isinstance(value, (list, tuple)):
+        sized = [v for v in value if v is not None and v is not Ellipsis]
+        return bool(sized) and all(_per_rank(v) for v in sized)
+    if isinstance(value, slice):
+        return True
+    return type(value) is int or (isinstance(value, str) and bool(_DESCRIBED.fullmatch(value)))
 
 
 def _shapes(dump: Dump) -> dict[tuple[int, str, str], tuple[int, ...]]:
@@ -118,8 +166,9 @@ def _merge(
     other_shapes: Mapping[tuple[int, str, str], tuple[int, ...]],
     other_ranks: int,
     rules: Mapping[str, LayoutRule],
+    references: Mapping[tuple[int, str, str], Record] | None = None,
 ) -> tuple[Dump, dict[tuple[int, str, str], Assembly], list[str]]:
-    if ranks == 1:
+    if ranks == 1 and not any(r.layout is not None for r in dump.records):
         return dump, {}, []
     groups: dict[tuple[int, str, str], list[Record]] = {}
     for record in dump.records:
@@ -130,10 +179,14 @@ def _merge(
     for key, parts in groups.items():
         parts.sort(key=lambda r: r.rank)
         first = parts[0]
-        if not first.is_tensor or len(parts) == 1:
+        if first.layout is not None and first.layout.how == "local":
+            continue  # rank-local work, no part of the logical run
+        if not first.is_tensor or (len(parts) == 1 and first.layout is None):
             records.append(replace(first, rank=0))
             continue
         assembly = _assembly(parts, ranks, other_shapes.get(key), other_ranks, rules)
+        if references is not None:
+            assembly = replace(assembly, reference=references.get(key))
         merged = _merged_record(assembly)
         if merged is None:
             left_out.append(first.key)
@@ -157,12 +210,33 @@ def _assembly(
         if isinstance(rule, tuple):
             return Assembly("shard", rule[1], tuple(parts))
         return Assembly(rule, None, tuple(parts))
+    recorded = _recorded_assembly(parts)
+    if len(parts) == 1 and (
+        not recorded or not recorded.placed or is_plain_split(parts, _dim(recorded))
+    ):
+        return Assembly("replicated", None, tuple(parts))  # one rank's tensor, as it is
+    if recorded is not None:
+        return recorded
     shape = parts[0].shape
     assert shape is not None
     dim = _shard_dim(shape, ranks, other, other_ranks)
     if dim is not None:
         return Assembly("shard", dim, tuple(parts))
     return Assembly("replicated" if _all_equal(parts) else "partial", None, tuple(parts))
+
+
+def _recorded_assembly(parts: list[Record]) -> Assembly | None:
+    """The assembly the layouts capture recorded say, when every part has one and they
+    agree; None (the shapes decide) otherwise."""
+    hows = {p.layout.how if p.layout is not None else None for p in parts}
+    if hows == {"replicated"}:
+        return Assembly("replicated", None, tuple(parts))
+    if hows == {"partial"} and len(parts) > 1:
+        return Assembly("partial", None, tuple(parts))
+    if hows != {"shard"}:
+        return None
+    dim = shard_dim(parts)
+    return None if dim is None else Assembly("shard", dim, tuple(parts), placed=True)
 
 
 def _rule_for(record: Record, rules: Mapping[str, LayoutRule]) -> LayoutRule | None:
@@ -202,11 +276,23 @@ def _all_equal(parts: Sequence[Record]) -> bool:
 def _merged_record(assembly: Assembly) -> Record | None:
     parts = assembly.parts
     first = parts[0]
-    if assembly.how == "replicated":
-        return replace(first, rank=0)
     has_data = all(p.loader is not None for p in parts)
-    if not has_data and assembly.how != "shard":
-        return None  # partial sums (or a user's assembly) need the data
+    if assembly.how == "replicated":
+        if has_data and len(parts) > 1 and first.layout and assembly.reference is not None:
+            first = parts[pick_replica([_load(p) for p in parts], assembly.reference.load())]
+        return replace(first, rank=0)
+    if assembly.how == "shard" and all(p.memory in GARBAGE_MEMORY for p in parts):
+        shape = list(first.shape or ())  # a buffer no call wrote yet: its shape, no content
+        shape[_dim(assembly)] = (
+            parts[0].layout.size
+            if assembly.placed and parts[0].layout is not None
+            else sum((p.shape or ())[_dim(assembly)] for p in parts)
+        )
+        return replace(first, rank=0, shape=tuple(shape))
+    if not has_data and (
+        assembly.how != "shard" or (assembly.placed and not is_plain_split(parts, _dim(assembly)))
+    ):
+        return None  # partial sums, a user's assembly, pieces that overlap: need the data
     if has_data:
         build = partial(_assemble, assembly)
         tensor = build()
@@ -231,14 +317,28 @@ def _assemble(assembly: Assembly) -> torch.Tensor:
     if any(t is None for t in tensors):
         raise PrecisionInputError(f"{assembly.parts[0].key}: a rank's data is missing")
     pieces: list[torch.Tensor] = [t for t in tensors if t is not None]
+    if assembly.placed:
+        reference = None if assembly.reference is None else assembly.reference.load()
+        return place(assembly.parts, pieces, _dim(assembly), reference)
     if assembly.how == "shard":
-        assert assembly.dim is not None
-        return torch.cat(pieces, dim=assembly.dim)
+        return torch.cat(pieces, dim=_dim(assembly))
     if assembly.how == "partial":
         total = torch.stack([p.to(torch.float64) for p in pieces]).sum(0)
         return total.to(pieces[0].dtype)
     assert assembly.assemble is not None
     return assembly.assemble(pieces)
+
+
+def _dim(assembly: Assembly) -> int:
+    assert assembly.dim is not None
+    return assembly.dim
+
+
+def _load(record: Record) -> torch.Tensor:
+    tensor = record.load()
+    if tensor is None:
+        raise PrecisionInputError(f"{record.key}: rank {record.rank}'s data is missing")
+    return tensor
 
 
 def _concatenated_stats(stats: Sequence[TensorStats | None]) -> TensorStats | None:
@@ -283,6 +383,13 @@ def culprit_ranks(
     pieces = [p.load() for p in assembly.parts]
     if golden is None or assembly.how in ("partial", "user") or any(p is None for p in pieces):
         return ranks
+    if assembly.placed:
+        dim = _dim(assembly)
+        return tuple(
+            p.rank
+            for p, piece in zip(assembly.parts, pieces, strict=True)
+            if piece is not None and piece_differs(p, piece, golden, dim, differs)
+        )
     if assembly.how == "replicated":
         expected = [golden] * len(pieces)
     else:
@@ -292,5 +399,5 @@ def culprit_ranks(
     return tuple(
         r
         for r, piece, want in zip(ranks, pieces, expected, strict=True)
-        if piece is not None and differs(piece, want)
+        if piece is not None and (piece.shape != want.shape or differs(piece, want))
     )

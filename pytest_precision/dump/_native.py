@@ -32,6 +32,7 @@ from ._json_files import TOO_DEEP
 from ._native_index import RANK_DONE, RECORDS, SHARD_PATTERN, rank_dir, read_manifest, read_rank
 from ._records import MEMORY_STATES, Dump, Record, RecordRef
 from ._safe_io import load_safetensors_tensor
+from ._tensor_layouts import parse_layout
 
 # -- JSON values ---------------------------------------------------------------------------------
 # Strict JSON has no inf/nan, slices or dtypes; those become one-key objects tagged with "$".
@@ -253,6 +254,7 @@ def _record(
         stride=None if stride is None else tuple(stride),
         memory=memory,
         changed_since=changed_since,
+        layout=parse_layout(entry.get("layout"), where),
     )
 
 

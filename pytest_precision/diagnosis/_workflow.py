@@ -134,7 +134,7 @@ def diagnose(
     exported: Path | None = None
     weight_culprit = None
     if step is not None:
-        comparison = _localize(g_side, t_side, g_gen, step, folder, steps)
+        comparison = _localize(g_side, t_side, g_gen, step, folder, steps, weights)
         divergence = comparison.first_divergence
         if divergence is None and weights:
             weight_culprit = _owner(weights[0].name)
@@ -285,11 +285,21 @@ def _owner(parameter: str) -> str:
 
 
 def _localize(
-    g: Side, t: Side, generation: Generation, step: int, folder: Path, steps: list[DiagnosisStep]
+    g: Side,
+    t: Side,
+    generation: Generation,
+    step: int,
+    folder: Path,
+    steps: list[DiagnosisStep],
+    weights: tuple[WeightChange, ...],
 ) -> DumpComparison:
     """Statistics of every call first (live models), then tensors of the suspect layer alone
     when every record before it has bitwise the same statistics on both sides (its inputs are
-    then the same, so nothing before it can explain it), else of every call up to it."""
+    then the same, so nothing before it can explain it), else of every call up to it.
+
+    When the differing weights all lie in numbered layers, the statistics stop at the first
+    of those layers: the first divergence is there or before it. Only when nothing diverges up
+    to it are the statistics of every call captured."""
     what = "prefill" if step == 0 else f"decode step {step}"
     if generation.cached and step > 0:
         what += f" (replayed from the prefill; it reads the cache steps 0-{step - 1} wrote)"
@@ -297,10 +307,16 @@ def _localize(
     exclude: list[str] = []
     scope = "every call"
     if g.model is not None and t.model is not None:
-        stats = compare_dumps(
-            g.dump(generation, step, folder / "golden_statistics", "statistics"),
-            t.dump(generation, step, folder / "target_statistics", "statistics"),
-        )
+        bound = _first_weight_layer(weights)
+        stats = None
+        if bound is not None:
+            stats = _statistics(g, t, generation, step, folder, _later_layers(t.model, bound))
+            if stats.first_divergence is None:
+                stats = None  # the weight changed nothing up to its layer: look at every call
+        if stats is None:
+            bound, stats = None, _statistics(g, t, generation, step, folder, [])
+        if bound is not None:
+            what += f", calls up to {bound} (the first layer whose weights differ)"
         d = stats.first_divergence
         steps.append(
             DiagnosisStep(
@@ -350,6 +366,32 @@ def _cache_hint(generation: Generation, step: int, d: Any) -> str:
         f"; on the cached path such an input is, unless a weight differs, the KV cache that "
         f"steps 0-{step - 1} wrote: what {where} stores in its cache differs"
     )
+
+
+def _statistics(
+    g: Side, t: Side, generation: Generation, step: int, folder: Path, exclude: list[str]
+) -> DumpComparison:
+    """Both sides' statistics of ``step`` (without the calls ``exclude`` names), compared; an
+    earlier pass of this diagnosis in the same folders is replaced."""
+    for name in ("golden_statistics", "target_statistics"):
+        shutil.rmtree(folder / name, ignore_errors=True)
+    return compare_dumps(
+        g.dump(generation, step, folder / "golden_statistics", "statistics", exclude=exclude),
+        t.dump(generation, step, folder / "target_statistics", "statistics", exclude=exclude),
+    )
+
+
+def _first_weight_layer(weights: tuple[WeightChange, ...]) -> str | None:
+    """The first numbered layer (``model.layers.3``) holding a differing weight, when every
+    differing weight lies in a layer of the same list; else None."""
+    layers = [re.match(r"(.*?\.)(\d+)(?:\.|$)", w.name) for w in weights]
+    if not layers or any(m is None for m in layers):
+        return None
+    prefixes = {m.group(1) for m in layers if m is not None}
+    if len(prefixes) != 1:
+        return None
+    (prefix,) = prefixes
+    return f"{prefix}{min(int(m.group(2)) for m in layers if m is not None)}"
 
 
 def _same_before(stats: DumpComparison, layer: str) -> bool:

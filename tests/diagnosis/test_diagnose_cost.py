@@ -15,8 +15,9 @@ pytest.importorskip("transformers")
 from planted import build, twin  # noqa: E402
 
 from pytest_precision.diagnosis._noise import NoiseEstimate  # noqa: E402
+from pytest_precision.diagnosis._results import WeightChange  # noqa: E402
 from pytest_precision.diagnosis._stop import decide, noise_horizon  # noqa: E402
-from pytest_precision.diagnosis._workflow import diagnose  # noqa: E402
+from pytest_precision.diagnosis._workflow import _first_weight_layer, diagnose  # noqa: E402
 from pytest_precision.dump._load import load_dump  # noqa: E402
 from pytest_precision.output._tokens import compare_tokens  # noqa: E402
 
@@ -67,7 +68,7 @@ def test_a_prefill_departure_reruns_the_prefill_and_captures_the_suspect_layer(
 ) -> None:
     golden = build("llama")
     target = twin(golden)
-    module = "model.layers.1.mlp.down_proj"
+    module = "model.layers.0.mlp.down_proj"
     with torch.no_grad():
         target.get_submodule(module).weight.mul_(1.05)
     ids = torch.randint(3, 256, (2, 6), generator=torch.Generator().manual_seed(1))
@@ -77,9 +78,35 @@ def test_a_prefill_departure_reruns_the_prefill_and_captures_the_suspect_layer(
     assert d.noise is not None
     assert d.noise.method.startswith("float64 rerun")
     assert d.noise.steps == 1  # the stop rule read the prefill's noise only
-    # the model's own call (module "") and the suspect layer's calls, nothing of layer 0
+    # statistics up to the weight's layer, tensors of that layer alone
+    statistics = {r.module or "" for r in load_dump(tmp_path / "golden_statistics").records}
+    assert not any(m.startswith("model.layers.1") for m in statistics), statistics
     modules = {r.module or "" for r in load_dump(tmp_path / "golden_dump").records}
-    assert any(m.startswith("model.layers.1.") for m in modules)
-    assert all(m == "" or m.startswith("model.layers.1") for m in modules), modules
-    compare = next(s.finding for s in d.steps if s.name == "compare")
-    assert "tensors of the suspect layer" in compare
+    assert any(m.startswith("model.layers.0.") for m in modules)
+    assert all(m.startswith("model.layers.0") for m in modules), modules
+    summary = d.summary()
+    assert "calls up to model.layers.0 (the first layer whose weights differ)" in summary
+    assert "tensors of the suspect layer" in summary
+
+
+def _changed(*names: str) -> tuple[WeightChange, ...]:
+    return tuple(WeightChange(name, "mean", 0.0, 1.0) for name in names)
+
+
+@pytest.mark.parametrize(
+    ("names", "layer"),
+    [
+        (
+            ("model.layers.5.mlp.down_proj.weight", "model.layers.3.self_attn.q_proj.weight"),
+            "model.layers.3",
+        ),
+        (("model.layers.1.mlp.experts.0.w1",), "model.layers.1"),
+        (("model.layers.2.mlp.down_proj.weight", "lm_head.weight"), None),  # not in a layer
+        (("encoder.block.0.w", "decoder.block.1.w"), None),  # two lists of layers
+        ((), None),
+    ],
+)
+def test_the_statistics_stop_at_the_first_layer_of_a_differing_weight(
+    names: tuple[str, ...], layer: str | None
+) -> None:
+    assert _first_weight_layer(_changed(*names)) == layer

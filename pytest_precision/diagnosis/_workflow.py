@@ -315,13 +315,14 @@ def _localize(
                 stats = None  # the weight changed nothing up to its layer: look at every call
         if stats is None:
             bound, stats = None, _statistics(g, t, generation, step, folder, [])
-        if bound is not None:
-            what += f", calls up to {bound} (the first layer whose weights differ)"
+        upto = (
+            "" if bound is None else f", calls up to {bound} (the first layer whose weights differ)"
+        )
         d = stats.first_divergence
         steps.append(
             DiagnosisStep(
                 "capture (statistics)",
-                f"{what}: "
+                f"{what}{upto}: "
                 + (
                     f"suspect layer {d.layer or d.module or d.name} ({d.name})"
                     if d is not None

@@ -84,9 +84,11 @@ def test_a_prefill_departure_reruns_the_prefill_and_captures_the_suspect_layer(
     modules = {r.module or "" for r in load_dump(tmp_path / "golden_dump").records}
     assert any(m.startswith("model.layers.0.") for m in modules)
     assert all(m.startswith("model.layers.0") for m in modules), modules
-    summary = d.summary()
-    assert "calls up to model.layers.0 (the first layer whose weights differ)" in summary
-    assert "tensors of the suspect layer" in summary
+    found = {s.name: s.finding for s in d.steps}
+    bound = "calls up to model.layers.0 (the first layer whose weights differ)"
+    assert bound in found["capture (statistics)"]
+    assert "tensors of the suspect layer" in found["compare"]
+    assert bound not in found["compare"]  # the tensors were not bounded by the weight
 
 
 def _changed(*names: str) -> tuple[WeightChange, ...]:

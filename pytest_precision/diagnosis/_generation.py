@@ -218,11 +218,14 @@ def capture_step(
     path: Path,
     *,
     mode: str,
+    include: Iterable[str] | None = None,
     exclude: Iterable[str] = (),
 ) -> Path:
-    """Capture (mix level) the forward that produces token ``step``, as decode step ``step``.
+    """Capture (mix level) the forward that produces token ``step``, as decode step ``step``,
+    its calls filtered by the glob patterns ``include`` / ``exclude`` (see ``capture``).
     On the cached path the generation is replayed from the prefill (following its tokens) and
     only forward ``step`` is recorded: it reads the cache the earlier steps wrote."""
+    included = None if include is None else list(include)
     excluded = list(exclude) or None
     if generation.cached:
         with capture(
@@ -230,6 +233,7 @@ def capture_step(
             path,
             level="mix",
             mode=mode,  # type: ignore[arg-type]
+            include=included,
             exclude=excluded,
             steps=[step],
         ) as cap:
@@ -243,7 +247,7 @@ def capture_step(
             )
         return path
     ids, mask = generation.prefix(step)
-    with capture(model, path, level="mix", mode=mode, exclude=excluded) as cap:  # type: ignore[arg-type]
+    with capture(model, path, level="mix", mode=mode, include=included, exclude=excluded) as cap:  # type: ignore[arg-type]
         cap.step(step)
         forward_logits(model, ids, mask)
     return path

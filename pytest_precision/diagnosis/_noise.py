@@ -7,14 +7,17 @@ golden deep-copied to float64 reruns the golden's own tokens on the path the gol
 on (with a KV cache when the golden did, so the rerun's cache is float64 too), and its error is
 how far the golden's log-probabilities are from that rerun, per row and decode step. When the
 target runs in another dtype, the golden cast to the target's dtype is measured the same way, so
-the noise of both precisions counts. Where no float64 rerun can run (a golden saved on another
-machine, an op with no float64 kernel) the noise is a documented dtype envelope instead
-(:data:`ENVELOPE_EPS`).
+the noise of both precisions counts. The rerun covers the leading steps asked for (the stop rule
+reads the noise only up to each row's divergence, :mod:`._stop`), so a generation that departs
+at its prefill pays for a float64 prefill, not for every step. Where no float64 rerun can run
+(a golden saved on another machine, an op with no float64 kernel) the noise is a documented
+dtype envelope instead (:data:`ENVELOPE_EPS`).
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +38,10 @@ FLOOR_EPS = 64.0
 @dataclass(frozen=True)
 class NoiseEstimate:
     """Per row and decode step, the golden side's own error on its logprobs (nats, the largest
-    over the vocabulary), and how it was measured."""
+    over the vocabulary), and how it was measured; a float64 rerun may cover only the leading
+    :attr:`steps` of the generation."""
 
-    #: ``noise[row][step]``
+    #: ``noise[row][step]``, for the first :attr:`steps` steps
     noise: tuple[tuple[float, ...], ...]
     #: one line: "float64 rerun of the golden (...)" or "dtype envelope (...): why"
     method: str
@@ -46,6 +50,11 @@ class NoiseEstimate:
 
     def at(self, row: int, step: int) -> float:
         return self.noise[row][step]
+
+    @property
+    def steps(self) -> int:
+        """How many leading decode steps were measured."""
+        return len(self.noise[0]) if self.noise else 0
 
 
 def model_dtype(model: torch.nn.Module | None, config: dict[str, Any] | None) -> torch.dtype:
@@ -86,8 +95,21 @@ def _rerun(model: torch.nn.Module, generation: Generation, dtype: torch.dtype) -
     """``model`` deep-copied to ``dtype``, run on the golden's own tokens on the path that made
     them (the cached one: a prefill and decode steps reading the twin's own cache): the float64
     log-softmax of each step's logits, ``(batch, steps, vocab)``."""
-    twin = copy.deepcopy(model).to(dtype).eval()
-    return follow_logprobs(twin, generation)
+    return follow_logprobs(_twin(model, dtype), generation)
+
+
+def _twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A deep copy of ``model`` computing in ``dtype``. Its floating parameters and buffers are
+    converted straight into the copy (the memo hands them to ``deepcopy``): one pass over the
+    weights instead of a copy in the model's dtype and then a conversion of it."""
+    memo: dict[int, Any] = {}
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        if tensor.is_floating_point() and id(tensor) not in memo:
+            converted = tensor.detach().to(dtype, copy=True)
+            if isinstance(tensor, torch.nn.Parameter):
+                converted = torch.nn.Parameter(converted, requires_grad=tensor.requires_grad)
+            memo[id(tensor)] = converted
+    return copy.deepcopy(model, memo).to(dtype).eval()
 
 
 def estimate_noise(
@@ -95,25 +117,29 @@ def estimate_noise(
     generation: Generation,
     golden_dtype: torch.dtype,
     target_dtype: torch.dtype,
+    steps: int | None = None,
 ) -> NoiseEstimate:
     """The golden side's own error per row and step (see the module docstring).
 
     ``golden`` is the live golden model (None: a saved run, judged by the dtype envelope);
-    ``generation`` its greedy run, whose prefixes are rerun.
+    ``generation`` its greedy run, whose prefixes are rerun; ``steps``: rerun only its first
+    ``steps`` steps (default: all; the envelope costs nothing and covers every step).
     """
     logprobs = generation.logprobs
     floor = FLOOR_EPS * torch.finfo(torch.float64).eps * _spread(logprobs)
     why = "the golden is a saved run (no model to rerun)"
     if golden is not None:
+        rerun = generation if steps is None else generation.head(max(1, steps))
         try:
-            reference = _rerun(golden, generation, torch.float64)
-            noise = logprob_distance(logprobs, reference)
+            reference = _rerun(golden, rerun, torch.float64)
+            noise = logprob_distance(rerun.logprobs, reference)
             how = f"float64 rerun of the golden ({golden_dtype})"
             if target_dtype != golden_dtype:
-                port = _rerun(golden, generation, target_dtype)
+                port = _rerun(golden, rerun, target_dtype)
                 noise = torch.maximum(noise, logprob_distance(port, reference))
                 how += f" and of the golden in the target's {target_dtype}"
-            return _estimate(torch.maximum(noise, floor), how, golden_dtype, target_dtype)
+            noise = torch.maximum(noise, floor[:, : noise.shape[1]])
+            return _estimate(noise, how, golden_dtype, target_dtype)
         except (RuntimeError, NotImplementedError, TypeError) as exc:  # no float64 kernel
             why = f"no float64 rerun of the golden ({str(exc).splitlines()[0][:120]})"
     dtype = _coarser(golden_dtype, target_dtype)

@@ -77,10 +77,19 @@ class Side:
         return fingerprint_weights({n: p for n, p in named.items() if n not in skip})
 
     def dump(
-        self, generation: Generation, step: int, path: Path, mode: str, exclude: Iterable[str]
+        self,
+        generation: Generation,
+        step: int,
+        path: Path,
+        mode: str,
+        include: Iterable[str] | None = None,
+        exclude: Iterable[str] = (),
     ) -> Path:
+        """A live model's capture of ``step`` (``capture_step``); a saved run's dump of it."""
         if self.model is not None:
-            return capture_step(self.model, generation, step, path, mode=mode, exclude=exclude)
+            return capture_step(
+                self.model, generation, step, path, mode=mode, include=include, exclude=exclude
+            )
         assert self.saved is not None
         return self.saved.step_dump(step)
 

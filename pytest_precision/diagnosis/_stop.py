@@ -47,6 +47,21 @@ class _Excess:
     allowed: float
 
 
+def noise_horizon(
+    tokens: TokenComparison, golden_logprobs: torch.Tensor, target_logprobs: torch.Tensor
+) -> int:
+    """How many leading steps of noise to measure first: up to the first step whose logprobs
+    differ at all (a bitwise-equal step is within any noise) and every near tie's position.
+    When :func:`decide` finds that too few, the caller measures them all."""
+    steps = golden_logprobs.shape[1]
+    differs = (logprob_distance(golden_logprobs, target_logprobs) > 0).any(0).nonzero()
+    horizon = int(differs[0]) + 1 if len(differs) else 1
+    for row in tokens.rows:
+        if row.divergence.position is not None and row.status != "diverged":
+            horizon = max(horizon, row.divergence.position + 1)
+    return min(horizon, steps)
+
+
 def decide(
     tokens: TokenComparison,
     golden_logprobs: torch.Tensor,
@@ -57,16 +72,24 @@ def decide(
     weights: tuple[WeightChange, ...] = (),
     config_diff: ChecklistDiff | None = None,
     environment_diff: ChecklistDiff | None = None,
-) -> StopDecision:
-    """The stop rule of the module docstring, on ``diagnose``'s greedy runs."""
+) -> StopDecision | None:
+    """The stop rule of the module docstring, on ``diagnose``'s greedy runs; None when
+    ``noise`` covers too few steps to decide (a step it lacks could change the decision)."""
     deviation = logprob_distance(golden_logprobs, target_logprobs)
     steps = golden_logprobs.shape[1]
+    known = min(noise.steps, steps)
     flips: list[tuple[int, str]] = []
     excess: list[_Excess] = []
+    open_rows = False  # a row whose first excess, if any, lies beyond the measured steps
     for r, row in enumerate(tokens.rows):
         position = row.divergence.position
         last = steps - 1 if position is None else min(position, steps - 1)
         for s in range(last + 1):
+            if float(deviation[r, s]) == 0:  # within any noise, measured or not
+                continue
+            if s >= known:
+                open_rows = True
+                break
             allowed = factor * noise.at(r, s)
             if not float(deviation[r, s]) <= allowed:
                 excess.append(_Excess(r, s, float(deviation[r, s]), allowed))
@@ -76,6 +99,8 @@ def decide(
         if row.status == "diverged":
             flips.append((position, row.reason))
             continue
+        if min(position, steps - 1) >= known:
+            return None
         allowed = factor * noise.at(r, min(position, steps - 1))
         gap = max(
             abs((row.golden_logprob or 0.0) - (row.golden_logprob_of_target or 0.0)),
@@ -91,6 +116,8 @@ def decide(
                 )
             )
     where = noise.method
+    if not flips and open_rows and not excess:  # an excess in the unmeasured steps decides
+        return None
     if flips:
         step = min(p for p, _ in flips)
         return StopDecision(

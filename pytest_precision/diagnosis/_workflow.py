@@ -23,7 +23,7 @@ import torch
 from .._atomic import atomic_write
 from .._errors import PrecisionError, PrecisionInputError
 from ..compare._dumps import compare_dumps
-from ..compare._results import DumpComparison
+from ..compare._results import DumpComparison, StatsComparison
 from ..output._checklist import diff_configs
 from ..output._tokens import TIE_MARGIN, compare_tokens
 from ..replay._export import export_test, name_slug
@@ -31,10 +31,10 @@ from ..replay._verdict import ReplayResult, replay_op
 from ..runtime._devices import available_devices
 from ..runtime._environment import ChecklistDiff, diff_environment
 from ._generation import Generation, as_batch, device_of
-from ._noise import estimate_noise
+from ._noise import NoiseEstimate, estimate_noise
 from ._results import Diagnosis, DiagnosisStep, WeightChange
 from ._sides import Side, fingerprints, generation_path, path_line
-from ._stop import NOISE_FACTOR, decide
+from ._stop import NOISE_FACTOR, StopDecision, decide, noise_horizon
 
 #: A diagnosis -> the HTML page's text (``pytest_precision.report.render_html``); the caller
 #: passes it, as diagnosis sits below report/.
@@ -104,17 +104,26 @@ def diagnose(
         logprob_tol=math.inf,  # the logprobs are judged against the measured noise instead
     )
     first = tuple(row.divergence.position for row in tokens.rows)
-    noise = estimate_noise(g_side.model, g_gen, g_side.dtype, t_side.dtype)
-    decision = decide(
-        tokens,
-        g_gen.logprobs,
-        t_gen.logprobs,
-        noise,
-        factor=noise_factor,
-        weights=weights,
-        config_diff=config_diff,
-        environment_diff=environment_diff,
-    )
+
+    def judged(steps: int | None) -> tuple[NoiseEstimate, StopDecision | None]:
+        noise = estimate_noise(g_side.model, g_gen, g_side.dtype, t_side.dtype, steps)
+        return noise, decide(
+            tokens,
+            g_gen.logprobs,
+            t_gen.logprobs,
+            noise,
+            factor=noise_factor,
+            weights=weights,
+            config_diff=config_diff,
+            environment_diff=environment_diff,
+        )
+
+    # the noise of the leading steps first: the decision usually reads no further
+    noise, decided = judged(noise_horizon(tokens, g_gen.logprobs, t_gen.logprobs))
+    if decided is None:
+        noise, decided = judged(None)
+    assert decided is not None  # every step measured
+    decision = decided
     finding, step = decision.finding, decision.step
     steps.append(DiagnosisStep("tokens", decision.tokens_line))
     if decision.stop_line is not None:
@@ -125,7 +134,7 @@ def diagnose(
     exported: Path | None = None
     weight_culprit = None
     if step is not None:
-        comparison = _localize(g_side, t_side, g_gen, step, folder, steps)
+        comparison = _localize(g_side, t_side, g_gen, step, folder, steps, weights)
         divergence = comparison.first_divergence
         if divergence is None and weights:
             weight_culprit = _owner(weights[0].name)
@@ -286,23 +295,44 @@ def _owner(parameter: str) -> str:
 
 
 def _localize(
-    g: Side, t: Side, generation: Generation, step: int, folder: Path, steps: list[DiagnosisStep]
+    g: Side,
+    t: Side,
+    generation: Generation,
+    step: int,
+    folder: Path,
+    steps: list[DiagnosisStep],
+    weights: tuple[WeightChange, ...],
 ) -> DumpComparison:
-    """Statistics of every call first (live models), then tensors up to the suspect layer."""
+    """Statistics of every call first (live models), then tensors of the suspect layer alone
+    when every record before it has bitwise the same statistics on both sides (its inputs are
+    then the same, so nothing before it can explain it), else of every call up to it.
+
+    When the differing weights all lie in numbered layers, the statistics stop at the first
+    of those layers: the first divergence is there or before it. Only when nothing diverges up
+    to it are the statistics of every call captured."""
     what = "prefill" if step == 0 else f"decode step {step}"
     if generation.cached and step > 0:
         what += f" (replayed from the prefill; it reads the cache steps 0-{step - 1} wrote)"
+    include: list[str] | None = None
     exclude: list[str] = []
+    scope = "every call"
     if g.model is not None and t.model is not None:
-        stats = compare_dumps(
-            g.dump(generation, step, folder / "golden_statistics", "statistics", ()),
-            t.dump(generation, step, folder / "target_statistics", "statistics", ()),
+        bound = _first_weight_layer(weights)
+        stats = None
+        if bound is not None:
+            stats = _statistics(g, t, generation, step, folder, _later_layers(t.model, bound))
+            if stats.first_divergence is None:
+                stats = None  # the weight changed nothing up to its layer: look at every call
+        if stats is None:
+            bound, stats = None, _statistics(g, t, generation, step, folder, [])
+        upto = (
+            "" if bound is None else f", calls up to {bound} (the first layer whose weights differ)"
         )
         d = stats.first_divergence
         steps.append(
             DiagnosisStep(
                 "capture (statistics)",
-                f"{what}: "
+                f"{what}{upto}: "
                 + (
                     f"suspect layer {d.layer or d.module or d.name} ({d.name})"
                     if d is not None
@@ -312,13 +342,15 @@ def _localize(
             )
         )
         if d is not None and d.layer is not None:
-            exclude = _later_layers(t.model, d.layer)
+            if _same_before(stats, d.layer):
+                include, scope = [d.layer, f"{d.layer}.*"], "the suspect layer"
+            else:
+                exclude, scope = _later_layers(t.model, d.layer), "up to the suspect layer"
     comparison = compare_dumps(
-        g.dump(generation, step, folder / "golden_dump", "tensor", exclude),
-        t.dump(generation, step, folder / "target_dump", "tensor", exclude),
+        g.dump(generation, step, folder / "golden_dump", "tensor", include, exclude),
+        t.dump(generation, step, folder / "target_dump", "tensor", include, exclude),
     )
     d = comparison.first_divergence
-    scope = "up to the suspect layer" if exclude else "every call"
     steps.append(
         DiagnosisStep(
             "compare",
@@ -345,6 +377,49 @@ def _cache_hint(generation: Generation, step: int, d: Any) -> str:
         f"; on the cached path such an input is, unless a weight differs, the KV cache that "
         f"steps 0-{step - 1} wrote: what {where} stores in its cache differs"
     )
+
+
+def _statistics(
+    g: Side, t: Side, generation: Generation, step: int, folder: Path, exclude: list[str]
+) -> DumpComparison:
+    """Both sides' statistics of ``step`` (without the calls ``exclude`` names), compared; an
+    earlier pass of this diagnosis in the same folders is replaced."""
+    for name in ("golden_statistics", "target_statistics"):
+        shutil.rmtree(folder / name, ignore_errors=True)
+    return compare_dumps(
+        g.dump(generation, step, folder / "golden_statistics", "statistics", exclude=exclude),
+        t.dump(generation, step, folder / "target_statistics", "statistics", exclude=exclude),
+    )
+
+
+def _first_weight_layer(weights: tuple[WeightChange, ...]) -> str | None:
+    """The first numbered layer (``model.layers.3``) holding a differing weight, when every
+    differing weight lies in a layer of the same list; else None."""
+    layers = [re.match(r"(.*?\.)(\d+)(?:\.|$)", w.name) for w in weights]
+    if not layers or any(m is None for m in layers):
+        return None
+    prefixes = {m.group(1) for m in layers if m is not None}
+    if len(prefixes) != 1:
+        return None
+    (prefix,) = prefixes
+    return f"{prefix}{min(int(m.group(2)) for m in layers if m is not None)}"
+
+
+def _same_before(stats: DumpComparison, layer: str) -> bool:
+    """Whether every record of the statistics comparison before ``layer``'s first one has the
+    same statistics on both sides (what a tensor bitwise equal on both has)."""
+    inside = f"{layer}."
+    for record in stats.records:
+        module = record.module or ""
+        if module == layer or module.startswith(inside):
+            return True
+        metrics = record.metrics
+        if record.incomparable or (
+            metrics is not None
+            and not (isinstance(metrics, StatsComparison) and metrics.largest_difference == 0)
+        ):
+            return False
+    return False
 
 
 def _later_layers(model: torch.nn.Module | None, layer: str) -> list[str]:

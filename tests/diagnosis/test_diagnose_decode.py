@@ -112,17 +112,16 @@ def test_a_decode_bug_is_found_at_its_step_and_layer(
     assert d.divergence is not None, d.summary()
     assert d.divergence.layer == layer, d.summary()
     assert d.divergence.step == step
-    # the dump holds the decode forward of that step: one new token, reading the cache of the
-    # prompt and the step - 1 tokens before it
+    # the dump holds the decode forward of that step (of the suspect layer: every call before
+    # it had the same statistics): one new token's key, joined to the cache of the prompt and
+    # the step - 1 tokens before it
     assert d.comparison is not None
     records = d.comparison.target.records
     assert {r.step for r in records} == {step}
-    root = [r for r in records if r.name == "Module.LlamaForCausalLM.forward.0"]
-    assert any(r.slot.endswith("input_ids") and r.shape == (2, 1) for r in root)
-    read = (2, 4, ids.shape[1] + step - 1, 16)  # (batch, kv heads, cached positions, head dim)
-    assert any(
-        r.module == f"{layer}.self_attn" and r.op == "cat" and r.shape == read for r in records
-    )
+    for read in ((2, 4, 1, 16), (2, 4, ids.shape[1] + step - 1, 16)):  # (batch, kv heads, ...)
+        assert any(
+            r.module == f"{layer}.self_attn" and r.op == "cat" and r.shape == read for r in records
+        )
     if d.divergence.cause == "source":
         assert "the KV cache that steps 0-" in d.summary()
     assert "on the cached path" in d.summary()

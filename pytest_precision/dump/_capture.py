@@ -22,17 +22,19 @@ from types import TracebackType
 from typing import Any, Literal
 
 import torch
+from torch.nn import Parameter
 from torch.overrides import TorchFunctionMode
 
 from .._errors import PrecisionInputError, PrecisionWarning
 from ._leaves import has_tensor, input_leaves, output_leaves, owned_cache_layers
-from ._native import json_members, json_text
+from ._native import json_members, json_text, stats_json
 from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
+from ._padding import Padding, padding_of
 from ._record_json import changed_since_json, json_dtype, json_shape, json_slot, json_value
 from ._recorded import RecordedTensors
 from ._records import GARBAGE_MEMORY
 from ._uninitialized import UninitializedMemory
-from ._writer import DumpWriter, private_copy, summarize
+from ._writer import DumpWriter, host_stats, private_copy, summarize
 
 Level = Literal["module", "op", "mix"]
 Mode = Literal["tensor", "statistics"]
@@ -154,6 +156,8 @@ class Capture:
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._mode: _OpMode | None = None
         self._writer: DumpWriter | None = None
+        #: the attention mask of the top-level forward running, where it pads
+        self._padding: Padding | None = None
 
     def step(self, step: int | None = None) -> int:
         """Start the next decode step (or step ``step``); call counters restart from 0."""
@@ -229,12 +233,15 @@ class Capture:
                 f"Module.{path}.{cls}.forward.{count}" if path else f"Module.{cls}.forward.{count}"
             )
             parent = self._stack[-1][0] if self._stack else None
+            if parent is None:
+                self._padding = padding_of(args, kwargs)
             inside = {"module": path, "parent": name if self.level == "mix" else None}
             self._stack.append((name, path, json_members(inside)))
             if self.level == "op" or not self._recording or not self._keep(name, path):
                 return
             head = self._head(name, "Module", cls, path, parent)
-            self._record_values(head, input_leaves(args, kwargs, owned_cache_layers(module)))
+            leaves = input_leaves(args, kwargs, owned_cache_layers(module))
+            self._record_values(head, leaves, mask_slot=None if parent else "kwargs.attention_mask")
             params = module.named_parameters(recurse=False)
             self._record_values(head, [(f"parameters.{n}", p) for n, p in params])
 
@@ -258,6 +265,8 @@ class Capture:
                 parent = self._stack[-1][0] if self._stack else None
                 head = self._head(name, "Module", type(module).__name__, path, parent)
                 self._record_values(head, output_leaves(output))
+            if not self._stack:
+                self._padding = None
 
         return hook
 
@@ -332,14 +341,21 @@ class Capture:
             self._recorded.forget(t)
         return written
 
-    def _record_values(self, head: _Head, leaves: list[tuple[str, Any]]) -> None:
+    def _record_values(
+        self, head: _Head, leaves: list[tuple[str, Any]], mask_slot: str | None = None
+    ) -> None:
+        """``mask_slot``: the slot of a top-level forward's attention mask, which carries the
+        forward's padding (see ``_padding``)."""
         writer = self._writer
         assert writer is not None
         self._busy = True
         try:
             for slot, value in leaves:
                 if isinstance(value, torch.Tensor):
-                    self._record_tensor(writer, f'{head},"slot":{json_slot(slot)}', value)
+                    members = f'{head},"slot":{json_slot(slot)}'
+                    if slot == mask_slot and self._padding is not None:
+                        members = f'{members},"padding":{json_text(self._padding.to_json())}'
+                    self._record_tensor(writer, members, value)
                 else:
                     encoded = json_value(value)
                     writer.add_encoded(
@@ -365,6 +381,12 @@ class Capture:
             if memory in GARBAGE_MEMORY:  # no data worth storing
                 writer.add_encoded(members, step)
                 return
+        padding = self._padding
+        if self.mode == "statistics" and padding is not None and not isinstance(t, Parameter):
+            real = padding.real_part(t.detach(), every_position=True)
+            stats = None if real is None else host_stats(real)
+            if stats is not None:  # statistics of the positions a comparison judges
+                members = f'{members},"real_stats":{stats_json(stats)}'
         recorded = self._recorded
         key = recorded.key_of(t)
         if key is not None:  # recorded before and unchanged since: share its data and statistics

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..numerics._stats import TensorStats
+from ._padding import Padding
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,12 @@ class Record:
     #: counter unmoved) when capture found its content changed: memory written outside any
     #: recorded call (a stomp); ``None`` otherwise and in dumps that do not tell
     changed_since: RecordRef | None = None
+    #: the attention mask of the forward this record belongs to, where its layout holds pad
+    #: positions (set by a comparison, see ``_padding``); on the root's ``attention_mask``
+    #: record, as the dump stores it
+    padding: Padding | None = None
+    #: a statistics dump's statistics over the real positions of a padded tensor
+    real_stats: TensorStats | None = None
 
     @property
     def key(self) -> str:

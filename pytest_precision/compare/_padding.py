@@ -78,14 +78,20 @@ def real_positions(record: Record) -> Callable[[torch.Tensor], torch.Tensor | No
     return None if padding is None else padding.real_part
 
 
-def uncut_outputs(target: Call, rows: list[RecordComparison]) -> list[RecordComparison]:
+def uncut_outputs(
+    target: Call, rows: list[RecordComparison], rerunnable: Callable[[], bool]
+) -> list[RecordComparison]:
     """``rows`` with the failing outputs of a call that received pad positions and put them
     out where they cannot be cut (an MoE dispatch sorting tokens by expert, a sum over the
     positions) skipped: what differs there may be the pad positions' values, which are not
-    evidence. The module around the call is judged by its own outputs, cut."""
+    evidence. The module around the call is judged by its own outputs, cut. A call that can
+    be rerun keeps them: the rerun reads its own inputs whole, pad positions included, and
+    tells whether it computed right (``rerunnable`` is asked only when it matters)."""
     if not any(r.padding is not None for r in target.inputs):
         return rows
     uncut = {r.slot for r in target.outputs if r.is_tensor and r.padding is None}
+    if not any(r.failed and r.slot in uncut for r in rows) or rerunnable():
+        return rows
     reason = "holds pad positions mixed with real ones (not evidence)"
     return [
         replace(r, status="skip", reason=f"{reason}; {r.reason}")

@@ -67,7 +67,11 @@ class Padding:
         positions; None when ``shape``'s layout holds no pad position. Dim 0 is the batch and
         the position is the first later dim of the forward's length or the mask's (a query's,
         a cached key's); ``every_position``: every such dim is one (the key dim of attention
-        scores too). Or dim 0 is batch * positions (the tokens flattened)."""
+        scores too). Or dim 0 is batch * positions (the tokens flattened). Not to be written
+        to: it is shared by the records of one shape."""
+        return _keep(self, shape, every_position)
+
+    def _keep(self, shape: tuple[int, ...], every_position: bool) -> torch.Tensor | None:
         if not shape:
             return None
         trailing = [1] * (len(shape) - 1)
@@ -125,6 +129,12 @@ class Padding:
         ):
             raise ValueError(f"malformed padding {data!r}")
         return cls(tuple(tuple(bool(v) for v in row) for row in real), query)
+
+
+@lru_cache(maxsize=256)
+def _keep(padding: Padding, shape: tuple[int, ...], every_position: bool) -> torch.Tensor | None:
+    """:meth:`Padding.keep`, once per shape: a dump's records repeat a few shapes."""
+    return padding._keep(shape, every_position)
 
 
 @lru_cache(maxsize=16)

@@ -194,11 +194,11 @@ def capture_generate(model: torch.nn.Module, arch: str, path: Path, mode: str) -
 @pytest.mark.parametrize(
     "arch",
     [
-        "gemma3",
+        pytest.param("gemma3", marks=pytest.mark.slow),
         pytest.param("gpt_neox", marks=pytest.mark.slow),
         pytest.param("falcon", marks=pytest.mark.slow),
         pytest.param("bloom", marks=pytest.mark.slow),
-        pytest.param("olmoe", marks=pytest.mark.slow),
+        "olmoe",  # its bf16 router flips a near tie at one real token: topk's indices move
     ],
 )
 def test_bf16_decode_against_fp32_names_no_culprit(arch: str, mode: str, tmp_path: Path) -> None:

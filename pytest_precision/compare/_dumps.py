@@ -27,6 +27,7 @@ from ._growth import error_growth
 from ._guilt import GuiltJudge
 from ._measurements import Measurements
 from ._models import model_mismatch
+from ._padding import exclude_padding
 from ._precision import RunPrecision
 from ._provenance import Provenance, uninitialized_inputs
 from ._records import RecordComparer
@@ -92,6 +93,8 @@ class AlignedDumps:
         self.layouts: MergedLayouts | None = merge_layouts(self.golden, self.target, layouts)
         if self.layouts is not None:
             self.golden, self.target = self.layouts.golden, self.layouts.target
+        #: positions the attention mask excludes are not evidence: left out of the records
+        self.golden, self.target, self.padding = exclude_padding(self.golden, self.target)
 
     @cached_property
     def segments(self) -> dict[tuple[int, int], Segment]:
@@ -193,6 +196,7 @@ def walk(
             found = replace(found, ranks=_culprit_ranks(aligned, found))
     result.first_divergence = found
     result.layouts = aligned.layouts
+    result.padding = aligned.padding
     result.unverified = judge.unverified
     result.inputs_diverged = judge.inputs_diverged
     result.derived = judge.derived

@@ -245,7 +245,8 @@ class GuiltJudge:
             return None
         worst = max(dirty, key=lambda r: r.error_level)
         key = (target.rank, target.step)
-        foreign = [n for n, m in self.foreign.get(key, []) if within(m, target.module or "")]
+        sites = [(n, m) for n, m in self.foreign.get(key, []) if within(m, target.module or "")]
+        foreign = [n for n, _ in sites]
         ops = [n for n, m in self.failing_ops.get(key, []) if within(m, target.module or "")]
         if foreign:
             inside = f"code only one run has inside it, first {foreign[0]}"
@@ -256,7 +257,13 @@ class GuiltJudge:
             f"reordered rounding ({worst.reason}); {inside}"
         )
         cause: Cause = "unmatched" if foreign else "output"
-        return divergence(target, golden, cause, reason, worst, "module with clean inputs")
+        found = divergence(target, golden, cause, reason, worst, "module with clean inputs")
+        # where the code only one run has runs (an error below reordered rounding at its own
+        # module may cross it only further out): the innermost module holding all of it
+        place = _common_module([m for _, m in sites])
+        if place is not None and place != (target.module or ""):
+            found = replace(found, module=place, layer=layer_of(place))
+        return found
 
     def _judge_inputs(
         self, golden: Call, target: Call, inputs: list[RecordComparison]
@@ -438,6 +445,19 @@ class _Suspicion:
     divergence: Divergence
     #: the module the foreign code runs in, when its consumer is elsewhere
     module: str | None = None
+
+
+def _common_module(modules: list[str | None]) -> str | None:
+    """The innermost module path that holds every one of ``modules`` (None for none)."""
+    if not modules:
+        return None
+    parts = [m.split(".") if m else [] for m in modules]
+    common: list[str] = []
+    for names in zip(*parts, strict=False):
+        if len(set(names)) != 1:
+            break
+        common.append(names[0])
+    return ".".join(common)
 
 
 def within(module: str | None, path: str) -> bool:

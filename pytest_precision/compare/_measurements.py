@@ -23,6 +23,7 @@ from ..numerics._measure import ErrorMetrics, NonFinite
 from ..numerics._standards import Standard, StandardName, Verdict
 from ..rerun._ops import NotReplayable
 from ..rerun._recompute import Rerun
+from ._padding import real_pair, real_positions
 
 #: A record pair judged in a dtype, as a weight (any differing element fails) or not.
 PairKey = tuple[str, str, str, bool]
@@ -89,6 +90,8 @@ class Measurements:
         assert g.loader is not None
         assert t.loader is not None
         target_tensor, golden_tensor = t.loader(), g.loader()
+        if not weight:
+            golden_tensor, target_tensor = real_pair(g, golden_tensor, t, target_tensor)
         if target_tensor.is_complex() and golden_tensor.is_complex():
             # rotary embeddings as complex numbers (torch.polar): real and imaginary parts,
             # each judged as a float of the parts' precision
@@ -137,7 +140,8 @@ class Measurements:
         record = next((r for r in target.outputs if r.slot == slot), None)
         try:
             recorded = None if record is None else record.load()
-            own = None if recorded is None else rerun.judge(slot, recorded)
+            keep = None if record is None else real_positions(record)
+            own = None if recorded is None else rerun.judge(slot, recorded, keep=keep)
         except NotReplayable:  # the rerun at the recorded dtypes an index needs
             return RerunCheck(None, refused=True)
         if own is None:
@@ -153,6 +157,8 @@ class Measurements:
         known = self.rounding.get(key)
         if known is None:
             g_tensor, t_tensor = g.load(), t.load()
+            if g_tensor is not None and t_tensor is not None:
+                g_tensor, t_tensor = real_pair(g, g_tensor, t, t_tensor)
             known = (
                 g_tensor is None
                 or t_tensor is None

@@ -72,7 +72,8 @@ class OutputJudge:
         """An output fails: guilty if the call added error of its own. A rerun in float64 from
         the target's own recorded inputs tells; without one, exactly matching inputs convict
         an output beyond rounding, and drifting inputs convict (weakly) only if the call
-        amplified their error. ``received``: the error other ranks fed into a collective."""
+        amplified their error (an index output, a discrete choice, never shows amplification).
+        ``received``: the error other ranks fed into a collective."""
         worst = max(failing, key=lambda r: r.error_level)
         before = max(self.provenance.input_level(target, inputs), received)
         why_not = (
@@ -92,7 +93,11 @@ class OutputJudge:
             if found is None:
                 self.provenance.note_noise(target, inputs, failing)
             return found
-        after = worst.error_level
+        # an index (topk's, argmax's) is a discrete choice: drifting inputs flip its near ties
+        # whatever the size of the drift, so only what the call computes measures amplification
+        amplified = [r for r in failing if _computed(r)]
+        worst = max(amplified, key=lambda r: r.error_level, default=worst)
+        after = worst.error_level if amplified else 0.0
         if after > AMPLIFICATION * before:
             reason = (
                 f"its inputs differ slightly (error level {before:.3g}), {worst.slot} much more "
@@ -174,6 +179,12 @@ class OutputJudge:
         golden, target = dtype_from_name(r.golden_dtype), dtype_from_name(r.target_dtype)
         floating = golden.is_floating_point and target.is_floating_point
         return floating and not self.precision.expects(golden, target)
+
+
+def _computed(r: RecordComparison) -> bool:
+    """A floating (or complex) output: a value computed, not an index chosen."""
+    dtype = dtype_from_name(r.target_dtype or r.golden_dtype or "float32")
+    return dtype.is_floating_point or dtype.is_complex
 
 
 def code_difference(r: RecordComparison, precision: RunPrecision) -> bool:

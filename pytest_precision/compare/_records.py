@@ -22,6 +22,7 @@ from ..numerics._stats_rounding import StatScales
 from ._measurements import Measurements
 from ._one_rounding import judge_one_rounding
 from ._outputs import code_difference, judged_in
+from ._padding import uncut_outputs
 from ._precision import RunPrecision
 from ._provenance import ALLOCATIONS, Provenance
 from ._results import RecordComparison, StatsComparison, Status, evidence, is_input
@@ -71,7 +72,11 @@ class RecordComparer:
         for g in golden_slots.values():
             row = _row(golden, target, g.slot, "fail", "only the golden has this slot", g)
             out.append(replace(row, incomparable=True))
-        out = self._skip_uninitialized(target, out)
+        out = uncut_outputs(
+            target,
+            self._skip_uninitialized(target, out),
+            lambda: target.kind != "Module" and self.measurements.refusal(target) is None,
+        )
         out = judge_one_rounding(golden, target, out, stats_in_float64=self.exact_weight_stats)
         if any(_argument_difference(r) for r in out) and self._same_call(out, target.kind):
             out = [_spelling(r) if _argument_difference(r) else r for r in out]

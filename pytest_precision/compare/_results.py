@@ -280,6 +280,19 @@ class PermutedCall:
     step: int
 
 
+@dataclass(frozen=True)
+class PaddingLeftOut:
+    """How many (batch, position) entries the comparison left out, of how many (the padded
+    forward with the most pad positions)."""
+
+    positions: int
+    of: int
+
+    @property
+    def line(self) -> str:
+        return f"padding: {self.positions} of {self.of} positions left out (attention mask)"
+
+
 @dataclass
 class DumpComparison:
     """The result of :func:`compare_dumps`."""
@@ -309,6 +322,8 @@ class DumpComparison:
 
     #: set when the dumps have different numbers of ranks: how both became one logical run
     layouts: MergedLayouts | None = None
+    #: set when both dumps padded a forward alike: the pad positions left out of the records
+    padding: PaddingLeftOut | None = None
 
     @property
     def complete(self) -> bool:

@@ -11,42 +11,38 @@ regular path at the op and mix levels, which may change the last bits; capture w
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
-import re
 import sys
-import warnings
 from collections.abc import Collection, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
 import torch
+from torch.nn import Parameter
 from torch.overrides import TorchFunctionMode
 
-from .._errors import PrecisionInputError, PrecisionWarning
+from .._errors import PrecisionInputError
+from ._capture_scope import (
+    as_patterns,
+    compile_patterns,
+    rank_and_world_size,
+    warn_about_fast_paths,
+)
 from ._leaves import has_tensor, input_leaves, output_leaves, owned_cache_layers
 from ._module_layouts import INSIDE, module_layouts
-from ._native import json_members, json_text
+from ._native import json_members, json_text, stats_json
 from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
+from ._padding import Padding, padding_of
 from ._record_json import changed_since_json, json_dtype, json_shape, json_slot, json_value
 from ._recorded import RecordedTensors
 from ._records import GARBAGE_MEMORY
 from ._tensor_layouts import TensorLayout, with_layout
 from ._uninitialized import UninitializedMemory
-from ._writer import DumpWriter, private_copy, summarize
+from ._writer import DumpWriter, host_stats, private_copy, reduced_on_device, summarize
 
 Level = Literal["module", "op", "mix"]
 Mode = Literal["tensor", "statistics"]
-
-
-def _compile(patterns: tuple[str, ...] | None) -> re.Pattern[str] | None:
-    """One regular expression matching what any of the glob ``patterns`` matches."""
-    if patterns is None:
-        return None
-    if not patterns:
-        return re.compile("(?!)")  # matches nothing
-    return re.compile("|".join(fnmatch.translate(p) for p in patterns))
 
 
 # -- the capture -----------------------------------------------------------------------------------
@@ -142,8 +138,8 @@ class Capture:
         self.step_per_forward = step_per_forward
         self.step_index = 0
         self._forwards = 0  # top-level forwards begun (step_per_forward: one step each)
-        self._included = _compile(include)
-        self._excluded = _compile(exclude) if exclude else None
+        self._included = compile_patterns(include)
+        self._excluded = compile_patterns(exclude) if exclude else None
         self._filtered = include is not None or bool(exclude)
         self._recording = steps is None or 0 in steps
         self._busy = False
@@ -160,6 +156,8 @@ class Capture:
         self._layouts: dict[str, dict[str, TensorLayout]] = {}
         self._mode: _OpMode | None = None
         self._writer: DumpWriter | None = None
+        #: the attention mask of the top-level forward running, where it pads
+        self._padding: Padding | None = None
 
     def step(self, step: int | None = None) -> int:
         """Start the next decode step (or step ``step``); call counters restart from 0."""
@@ -172,7 +170,7 @@ class Capture:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def __enter__(self) -> Capture:
-        rank, world_size = _rank_and_world_size()
+        rank, world_size = rank_and_world_size()
         info = {"level": self.level, "mode": self.mode}
         # Statistics are computed at capture time; only tensor data is worth a writer thread.
         self._writer = DumpWriter(
@@ -195,7 +193,7 @@ class Capture:
                 )
             )
         if self.level != "module":
-            _warn_about_fast_paths(self.model)
+            warn_about_fast_paths(self.model)
             self._mode = _OpMode(self)
             self._mode.__enter__()
         return self
@@ -237,15 +235,17 @@ class Capture:
                 f"Module.{path}.{cls}.forward.{count}" if path else f"Module.{cls}.forward.{count}"
             )
             parent = self._stack[-1][0] if self._stack else None
+            if parent is None:
+                self._padding = padding_of(args, kwargs)
             inside = {"module": path, "parent": name if self.level == "mix" else None}
             self._stack.append((name, path, json_members(inside)))
             if self.level == "op" or not self._recording or not self._keep(name, path):
                 return
             head = self._head(name, "Module", cls, path, parent)
             layouts = self._layouts.get(path, _NO_LAYOUTS)
-            self._record_values(
-                head, input_leaves(args, kwargs, owned_cache_layers(module)), layouts
-            )
+            leaves = input_leaves(args, kwargs, owned_cache_layers(module))
+            mask_slot = None if parent else "kwargs.attention_mask"
+            self._record_values(head, leaves, layouts, mask_slot)
             params = module.named_parameters(recurse=False)
             self._record_values(head, [(f"parameters.{n}", p) for n, p in params], layouts)
 
@@ -270,6 +270,8 @@ class Capture:
                 head = self._head(name, "Module", type(module).__name__, path, parent)
                 layouts = self._layouts.get(path, _NO_LAYOUTS)
                 self._record_values(head, output_leaves(output), layouts)
+            if not self._stack:
+                self._padding = None
 
         return hook
 
@@ -349,9 +351,12 @@ class Capture:
         head: _Head,
         leaves: list[tuple[str, Any]],
         layouts: dict[str, TensorLayout] | None = None,
+        mask_slot: str | None = None,
     ) -> None:
         """Record each ``(slot, value)``: a module's with its ``layouts`` by slot, an op call's
-        (``None``) with the layout of the tensors of calls inside its layer, if any."""
+        (``None``) with the layout of the tensors of calls inside its layer, if any.
+        ``mask_slot``: the slot of a top-level forward's attention mask, which carries the
+        forward's padding (see ``_padding``)."""
         writer = self._writer
         assert writer is not None
         inside = None
@@ -363,6 +368,8 @@ class Capture:
                 if isinstance(value, torch.Tensor):
                     layout = inside if layouts is None else layouts.get(slot)
                     members = f'{head},"slot":{json_slot(slot)}'
+                    if slot == mask_slot and self._padding is not None:
+                        members = f'{members},"padding":{json_text(self._padding.to_json())}'
                     self._record_tensor(writer, members, value, layout)
                 else:
                     encoded = json_value(value)
@@ -392,6 +399,17 @@ class Capture:
             if memory in GARBAGE_MEMORY:  # no data worth storing
                 writer.add_encoded(members, step)
                 return
+        padding = self._padding
+        if (  # on an accelerator they would wait for the device per record: left out there
+            self.mode == "statistics"
+            and padding is not None
+            and not isinstance(t, Parameter)
+            and not reduced_on_device(t)
+        ):
+            real = padding.real_part(t.detach(), every_position=True)
+            real_stats = None if real is None else host_stats(real)
+            if real_stats is not None:  # statistics of the positions a comparison judges
+                members = f'{members},"real_stats":{stats_json(real_stats)}'
         recorded = self._recorded
         key = recorded.key_of(t)
         if key is not None:  # recorded before and unchanged since: share its data and statistics
@@ -407,41 +425,6 @@ class Capture:
             stats, content = summarize(t)
             writer.add_encoded(members, step, key=key, stats=stats)
         recorded.remember(t, key, label, content)
-
-
-#: Modules whose fused inference fast path is skipped while a torch-function mode is active.
-_FAST_PATH_MODULES = (
-    torch.nn.MultiheadAttention,
-    torch.nn.TransformerEncoderLayer,
-    torch.nn.TransformerEncoder,
-)
-
-
-def _warn_about_fast_paths(model: torch.nn.Module) -> None:
-    found = sorted({type(m).__name__ for m in model.modules() if isinstance(m, _FAST_PATH_MODULES)})
-    if found:
-        warnings.warn(
-            PrecisionWarning(
-                f"capture at the op level makes {', '.join(found)} skip its fused fast path: "
-                "outputs may differ in the last bits from a run without capture (use "
-                "level='module' for bitwise-identical outputs)"
-            ),
-            stacklevel=3,
-        )
-
-
-def _patterns(patterns: Iterable[str] | str | None) -> tuple[str, ...] | None:
-    if patterns is None:
-        return None
-    return (patterns,) if isinstance(patterns, str) else tuple(patterns)
-
-
-def _rank_and_world_size() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def capture(
@@ -493,8 +476,8 @@ def capture(
         Path(path),
         level,
         mode,
-        _patterns(include),
-        _patterns(exclude) or (),
+        as_patterns(include),
+        as_patterns(exclude) or (),
         None if steps is None else frozenset(steps),
         bool(step_per_forward),
     )

@@ -30,6 +30,7 @@ from .._errors import DumpFormatError
 from ..numerics._stats import TensorStats
 from ._json_files import TOO_DEEP
 from ._native_index import RANK_DONE, RECORDS, SHARD_PATTERN, rank_dir, read_manifest, read_rank
+from ._padding import Padding
 from ._records import MEMORY_STATES, Dump, Record, RecordRef
 from ._safe_io import load_safetensors_tensor
 from ._tensor_layouts import parse_layout
@@ -216,6 +217,7 @@ def _record(
 ) -> Record:
     try:
         stats = None if entry.get("stats") is None else decode_stats(entry["stats"])
+        real_stats = None if entry.get("real_stats") is None else decode_stats(entry["real_stats"])
         value = decode_value(entry.get("value"))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise DumpFormatError(where, f"malformed value or statistics: {exc}") from None
@@ -232,6 +234,12 @@ def _record(
     if memory is not None and memory not in MEMORY_STATES:
         raise DumpFormatError(where, f"malformed memory {memory!r}")
     changed_since = _record_ref(entry.get("changed_since"), where)
+    padding = None
+    if entry.get("padding") is not None:
+        try:
+            padding = Padding.from_json(entry["padding"])
+        except ValueError as exc:
+            raise DumpFormatError(where, str(exc)) from None
     loader = data_id = None
     if entry.get("data") is not None:
         loader = _loader(entry["data"], dtype, shape, headers, where)
@@ -255,6 +263,8 @@ def _record(
         memory=memory,
         changed_since=changed_since,
         layout=parse_layout(entry.get("layout"), where),
+        padding=padding,
+        real_stats=real_stats,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..numerics._stats import TensorStats
+from ._padding import Padding
 from ._tensor_layouts import TensorLayout
 
 
@@ -65,6 +66,12 @@ class Record:
     #: where this rank's tensor sits in the logical tensor of all ranks, when capture knew it
     #: (a DTensor's placements, a tensor-parallel layer's split); ``None`` otherwise
     layout: TensorLayout | None = None
+    #: the attention mask of the forward this record belongs to, where its layout holds pad
+    #: positions (set by a comparison, see ``_padding``); on the root's ``attention_mask``
+    #: record, as the dump stores it
+    padding: Padding | None = None
+    #: a statistics dump's statistics over the real positions of a padded tensor
+    real_stats: TensorStats | None = None
 
     @property
     def key(self) -> str:

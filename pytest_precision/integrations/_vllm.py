@@ -27,7 +27,8 @@ import torch
 
 from .._atomic import atomic_write
 from .._errors import DumpFormatError, PrecisionInputError
-from ..dump._capture import Capture, Level, Mode, _rank_and_world_size, capture
+from ..dump._capture import Capture, Level, Mode, capture
+from ..dump._capture_scope import rank_and_world_size
 from ..dump._native import json_members
 
 #: The per-step batch layouts, next to the dump's manifest.
@@ -229,7 +230,7 @@ def _start_in_worker(worker: Any, path: str, options: dict[str, Any]) -> int:
         cap = capture(model, path, **options)
         cap.__enter__()
         _RUNNING[path] = _WorkerCapture(runner, cap)
-    return _rank_and_world_size()[0]
+    return rank_and_world_size()[0]
 
 
 def _stop_in_worker(worker: Any, path: str) -> tuple[int, list[dict[str, Any]]]:
@@ -238,7 +239,7 @@ def _stop_in_worker(worker: Any, path: str) -> tuple[int, list[dict[str, Any]]]:
         running = _RUNNING.pop(path, None)
     if running is None:
         return -1, []
-    rank = _rank_and_world_size()[0]
+    rank = rank_and_world_size()[0]
     return rank, running.close()
 
 

@@ -48,6 +48,8 @@ def dump_comparison_text(result: DumpComparison, *, worst: int = 5) -> str:
     lines += _derived(result)
 
     lines += _layouts(result)
+    if result.padding is not None:
+        lines.append(result.padding.line)
     divergence = result.first_divergence
     lines += _divergence_lines(divergence) if divergence else [_no_divergence(result)]
     if result.inputs_diverged is not None:
@@ -295,6 +297,7 @@ def write_dump_comparison_json(result: DumpComparison, path: Path) -> None:
         "permuted": [vars(p) for p in result.permuted],
         "derived": [vars(d) for d in result.derived],
         "unverified": result.unverified,
+        "padding": None if result.padding is None else vars(result.padding),
         "records": [r.to_dict() for r in result.records],
     }
     atomic_write(path, (json.dumps(document, indent=1) + "\n").encode())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -70,6 +70,25 @@ def _check_outputs(call: Call, outputs: dict[str, torch.Tensor]) -> None:
                 f"{call.name}: the rerun gave {slot} of shape {list(outputs[slot].shape)}, the "
                 f"dump records {list(shape)}: its arguments could not be rebuilt faithfully"
             )
+
+
+def _kept(
+    keep: Callable[[torch.Tensor], torch.Tensor | None],
+    actual: torch.Tensor,
+    exact: torch.Tensor,
+    magnitude: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The judged part of an output, its reference and its terms' magnitude; all three whole
+    when ``keep`` declines one of them."""
+    kept_actual, kept_exact = keep(actual), keep(exact)
+    kept_magnitude = None if magnitude is None else keep(magnitude)
+    if (
+        kept_actual is None
+        or kept_exact is None
+        or (magnitude is not None and kept_magnitude is None)
+    ):
+        return actual, exact, magnitude
+    return kept_actual, kept_exact, kept_magnitude
 
 
 def _first_line(exc: BaseException) -> str:
@@ -187,23 +206,32 @@ class Rerun:
         self.overflowed: list[str] = []
 
     def judge(
-        self, slot: str, actual: torch.Tensor, *, saturate: bool = False
+        self,
+        slot: str,
+        actual: torch.Tensor,
+        *,
+        saturate: bool = False,
+        keep: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
     ) -> TensorComparison | None:
         """``actual`` (a recorded or rerun output) against the reference; None where the call
         has no such output. ``saturate``: where the float64 result overflows the dtype, +-inf
-        is right (IEEE rounding gives it)."""
+        is right (IEEE rounding gives it). ``keep``: the part of the output that is judged (its
+        real positions in a padded batch), applied alike to the output and the reference."""
         exact = self.exact.get(slot)
         if exact is None or tuple(exact.shape) != tuple(actual.shape):
             return None
+        magnitude = None
         if actual.is_floating_point():
             if saturate:
                 exact = self._saturated(slot, exact, actual.dtype)
-            return judge_rounding(actual, exact, actual.dtype, magnitude=self._magnitude(slot))
-        if not actual.is_complex():
+            magnitude = self._magnitude(slot)
+        elif not actual.is_complex():
             if self._same_dtypes is None:
                 self._same_dtypes = recompute(self.call, dtype=None)
             exact = self._same_dtypes[slot]
-        return judge_rounding(actual, exact, actual.dtype)
+        if keep is not None:
+            actual, exact, magnitude = _kept(keep, actual, exact, magnitude)
+        return judge_rounding(actual, exact, actual.dtype, magnitude=magnitude)
 
     def _magnitude(self, slot: str) -> torch.Tensor | None:
         """The magnitude of the terms each element of a contraction's output adds up (float64),

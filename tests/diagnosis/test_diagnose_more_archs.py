@@ -79,3 +79,19 @@ def test_a_kv_cache_bug_is_diagnosed_at_its_step_and_layer(
     assert d.step == step, d.summary()
     assert d.divergence is not None, d.summary()
     assert (d.divergence.layer, d.divergence.step) == (layer, step), d.summary()
+
+
+def test_a_bug_behind_another_attention_is_diagnosed_past_the_padding(tmp_path: Path) -> None:
+    """An SDPA target against an eager golden puts out other values at the padded row's pad
+    positions from layer 0 on (a softmax over no key is undefined): not evidence, so the
+    wrong epsilon in layer 1 is the culprit, not SDPA's attention in layer 0."""
+    where = truth("falcon", BUGS["norm_eps"].plant)
+    assert where is not None
+    target = build("falcon", attention="sdpa")
+    BUGS["norm_eps"].plant(target, ARCHS["falcon"])
+    d = _diagnosed("falcon", build("falcon"), target, tmp_path)
+    assert d.divergence is not None, d.summary()
+    assert inside(d.divergence.module, where), d.summary()
+    assert d.comparison is not None
+    assert d.comparison.padding is not None
+    assert (d.comparison.padding.positions, d.comparison.padding.of) == (3, 16)

@@ -186,7 +186,7 @@ def test_rank_comes_from_torch_distributed(tmp_path: Path, monkeypatch: pytest.M
     model = build_tiny_llama(CONFIG)
     ids = example_input_ids(CONFIG, seq=4)
     for rank in (1, 0):  # rank 0 writes the manifest; the order does not matter
-        monkeypatch.setattr(_capture, "_rank_and_world_size", lambda rank=rank: (rank, 2))
+        monkeypatch.setattr(_capture, "rank_and_world_size", lambda rank=rank: (rank, 2))
         with torch.no_grad(), capture(model, tmp_path, level="module", mode="statistics"):
             model(ids)
     dump = read_native_dump(tmp_path)

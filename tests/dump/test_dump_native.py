@@ -250,6 +250,16 @@ def _truncate_shard_and_its_size(dump: Path) -> None:
         (lambda d: _edit_first_record(d, shape=5), "records.jsonl:1", "malformed shape"),
         (lambda d: _edit_first_record(d, stride=[1]), "records.jsonl:1", "malformed stride"),
         (
+            lambda d: _edit_first_record(d, padding={"real": [[1, 2]], "query": 2}),
+            "records.jsonl:1",
+            "malformed padding",
+        ),
+        (
+            lambda d: _edit_first_record(d, padding={"real": [[1, 0]], "query": 3}),
+            "records.jsonl:1",
+            "malformed padding",
+        ),
+        (
             lambda d: (d / "rank0" / "records.jsonl").write_bytes(b"\xff\n"),
             "records.jsonl",
             "not UTF-8",

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -223,15 +223,30 @@ def case_line(case: BatchCase) -> str:
     where = f"prompt {case.prompt} as row {case.row} of {case.batch_size}"
     if case.padding:
         where += f" ({case.padding} pad tokens)"
-    if case.verdict == "bug" and case.divergence is not None:
-        d = case.divergence
+    return verdict_line(where, case, "first batch-variant call")
+
+
+class _Judged(Protocol):
+    @property
+    def verdict(self) -> BatchVerdict: ...
+    @property
+    def first_variant(self) -> RecordComparison | None: ...
+    @property
+    def comparison(self) -> DumpComparison: ...
+
+
+def verdict_line(where: str, case: _Judged, variant_call: str) -> str:
+    """``where``, then the case's verdict with the call it names (the guilty one of a bug, the
+    first that varies of noise; ``variant_call`` says what the latter is called)."""
+    d = case.comparison.first_divergence
+    if case.verdict == "bug" and d is not None:
         return f"{where}: bug at {shown(d.module or '(root)')} ({shown(d.name)}): {shown(d.reason)}"
     if case.verdict == "inconclusive":
         return f"{where}: inconclusive ({case.comparison.verdict})"
     if case.first_variant is not None:
         v = case.first_variant
         call = f"{shown(v.name)} in {shown(v.module or '(root)')}"
-        return f"{where}: {case.verdict}, first batch-variant call {call}"
+        return f"{where}: {case.verdict}, {variant_call} {call}"
     return f"{where}: {case.verdict}"
 
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from .._errors import PrecisionInputError
-from .._text import shown
 from ..compare._dumps import compare_dumps
 from ..compare._results import Divergence, DumpComparison, RecordComparison
 from ..dump._load import load_dump
@@ -39,7 +38,7 @@ from ..integrations._vllm import capture_vllm, load_batches
 from ..integrations._vllm_requests import request_view
 from ..numerics._standards import Standard, StandardName
 from ..output._common import OutputCheckFailed, as_int_list
-from ._batch import BatchVerdict, judged, worst
+from ._batch import BatchVerdict, judged, verdict_line, worst
 
 SchedulingChange = Literal["prefix_caching", "chunked_prefill", "order"]
 CHANGES: tuple[SchedulingChange, ...] = get_args(SchedulingChange)
@@ -183,16 +182,7 @@ def case_line(case: SchedulingCase) -> str:
     where += ")"
     if case.tokens_differ_at is not None:
         where += f", generated token {case.tokens_differ_at} differs"
-    if case.verdict == "bug" and case.divergence is not None:
-        d = case.divergence
-        return f"{where}: bug at {shown(d.module or '(root)')} ({shown(d.name)}): {shown(d.reason)}"
-    if case.verdict == "inconclusive":
-        return f"{where}: inconclusive ({case.comparison.verdict})"
-    if case.first_variant is not None:
-        v = case.first_variant
-        call = f"{shown(v.name)} in {shown(v.module or '(root)')}"
-        return f"{where}: {case.verdict}, first variant call {call}"
-    return f"{where}: {case.verdict}"
+    return verdict_line(where, case, "first variant call")
 
 
 def _judge(

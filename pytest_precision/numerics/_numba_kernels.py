@@ -411,34 +411,6 @@ def _content_sum(bits):
 
 
 @_jit
-def _content_sum_strided(base, shape, strides):
-    """:func:`_content_sum` of the view (``shape``, ``strides``, the last the smallest) of
-    the flat ``base``, row by row of its last dimension."""
-    ndim = shape.size
-    row, step = shape[ndim - 1], strides[ndim - 1]
-    index = np.zeros(ndim, dtype=np.int64)
-    content = np.int64(0)
-    pos = 0
-    for _ in range(np.prod(shape[: ndim - 1])):
-        if step == 1:
-            for i in range(np.uint64(row)):
-                content += np.int64(base[np.uint64(pos) + i])
-        else:
-            for i in range(np.uint64(row)):
-                content += np.int64(base[np.uint64(pos) + i * np.uint64(step)])
-        d = ndim - 2
-        while d >= 0:  # the next row: carry through the dimensions before
-            index[d] += 1
-            pos += strides[d]
-            if index[d] < shape[d]:
-                break
-            pos -= shape[d] * strides[d]
-            index[d] = 0
-            d -= 1
-    return content
-
-
-@_jit
 def _copy_content_sum(bits, out):
     """Copy the integers ``bits`` into ``out`` and return their wrapping int64 sum: a
     tensor's private copy and its content sum from one read."""

@@ -117,33 +117,3 @@ def test_a_stomp_is_found_whichever_pass_made_the_fingerprint(
     assert records["Tensor.sqrt.0.forward.input.0"].changed_since == RecordRef(
         "Tensor.exp.0.forward", "output.0", 0
     )
-
-
-class _ReadsATransposedView(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        heads = (x * 2).view(8, 4, 16).transpose(0, 1)  # strided, as attention heads are
-        return heads.exp() + heads  # heads seen twice more: verified twice
-
-
-@needs_numba
-def test_a_strided_view_is_verified_by_the_kernels_not_torchs_strided_reduction(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """torch's strided integer reduction takes tens of times longer than the view's own
-    statistics; the kernels read it once, in the order of its memory."""
-    model = _ReadsATransposedView()
-    reductions: list[tuple[int, ...]] = []
-    original = torch.Tensor.sum
-
-    def spy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        reductions.append(tuple(self.stride()))
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "sum", spy)
-    with torch.no_grad(), capture(model, tmp_path, level="op", mode="statistics"):
-        model(torch.randn(8, 64))
-    assert reductions == []
-    records = {r.key: r for r in read_native_dump(tmp_path)}
-    transposed = records["Tensor.transpose.0.forward.output.0"]
-    assert records["Tensor.exp.0.forward.input.0"].stats == transposed.stats
-    assert not any(r.changed_since for r in records.values())

@@ -34,6 +34,11 @@ ENVELOPE_EPS = 8.0
 #: spread of the logits): a float64 golden against itself has no other error.
 FLOOR_EPS = 64.0
 
+#: A ceiling no measured noise reaches: this many dtype envelopes (512 epsilons of the coarser
+#: dtype times the logits' spread; the tests' models measure 1/20 - 1/75 of one envelope). A
+#: decision that is the same at the floor and at this ceiling needs no float64 rerun.
+CEILING_ENVELOPES = 64.0
+
 
 @dataclass(frozen=True)
 class NoiseEstimate:
@@ -146,6 +151,29 @@ def estimate_noise(
     envelope = ENVELOPE_EPS * torch.finfo(dtype).eps * _spread(logprobs)
     how = f"dtype envelope: {ENVELOPE_EPS:g} eps of {dtype} times the logits' spread; {why}"
     return _estimate(torch.maximum(envelope, floor), how, golden_dtype, target_dtype)
+
+
+def noise_bounds(
+    generation: Generation, golden_dtype: torch.dtype, target_dtype: torch.dtype
+) -> tuple[NoiseEstimate, NoiseEstimate]:
+    """The least and the most noise the golden side can have at every step, without a rerun:
+    the float64 floor, and :data:`CEILING_ENVELOPES` dtype envelopes. When the stop rule
+    decides alike at both, no measured noise between them changes its decision."""
+    spread = _spread(generation.logprobs)
+    floor = FLOOR_EPS * torch.finfo(torch.float64).eps * spread
+    dtype = _coarser(golden_dtype, target_dtype)
+    ceiling = CEILING_ENVELOPES * ENVELOPE_EPS * torch.finfo(dtype).eps * spread
+    return (
+        _estimate(floor, "float64 floor", golden_dtype, target_dtype),
+        _estimate(
+            torch.maximum(ceiling, floor),
+            f"no float64 rerun: the decision is the same at the float64 floor and at "
+            f"{CEILING_ENVELOPES:g} dtype envelopes ({CEILING_ENVELOPES * ENVELOPE_EPS:g} eps of "
+            f"{dtype} times the logits' spread), the most noise this bound allows",
+            golden_dtype,
+            target_dtype,
+        ),
+    )
 
 
 def _estimate(

@@ -31,7 +31,7 @@ from ..replay._verdict import ReplayResult, replay_op
 from ..runtime._devices import available_devices
 from ..runtime._environment import ChecklistDiff, diff_environment
 from ._generation import Generation, as_batch, device_of
-from ._noise import NoiseEstimate, estimate_noise
+from ._noise import NoiseEstimate, estimate_noise, noise_bounds
 from ._results import Diagnosis, DiagnosisStep, WeightChange
 from ._sides import Side, fingerprints, generation_path, path_line
 from ._stop import NOISE_FACTOR, StopDecision, decide, noise_horizon
@@ -105,8 +105,7 @@ def diagnose(
     )
     first = tuple(row.divergence.position for row in tokens.rows)
 
-    def judged(steps: int | None) -> tuple[NoiseEstimate, StopDecision | None]:
-        noise = estimate_noise(g_side.model, g_gen, g_side.dtype, t_side.dtype, steps)
+    def judged(noise: NoiseEstimate) -> tuple[NoiseEstimate, StopDecision | None]:
         return noise, decide(
             tokens,
             g_gen.logprobs,
@@ -118,10 +117,17 @@ def diagnose(
             environment_diff=environment_diff,
         )
 
-    # the noise of the leading steps first: the decision usually reads no further
-    noise, decided = judged(noise_horizon(tokens, g_gen.logprobs, t_gen.logprobs))
-    if decided is None:
-        noise, decided = judged(None)
+    def measured(steps: int | None) -> NoiseEstimate:
+        return estimate_noise(g_side.model, g_gen, g_side.dtype, t_side.dtype, steps)
+
+    # a decision no noise between the floor and a far ceiling changes needs no rerun; else the
+    # noise of the leading steps first: the decision usually reads no further
+    low, high = (judged(bound) for bound in noise_bounds(g_gen, g_side.dtype, t_side.dtype))
+    noise, decided = high
+    if not _same_decision(low[1], decided):
+        noise, decided = judged(measured(noise_horizon(tokens, g_gen.logprobs, t_gen.logprobs)))
+        if decided is None:
+            noise, decided = judged(measured(None))
     assert decided is not None  # every step measured
     decision = decided
     finding, step = decision.finding, decision.step
@@ -287,6 +293,11 @@ def _differs(golden: object, target: object, tolerance: float) -> bool:
     if math.isfinite(a) and math.isfinite(b):
         return abs(a - b) > tolerance
     return not (a == b or (math.isnan(a) and math.isnan(b)))
+
+
+def _same_decision(a: StopDecision | None, b: StopDecision | None) -> bool:
+    """Whether two decisions find the same thing at the same step."""
+    return a is not None and b is not None and (a.finding, a.step) == (b.finding, b.step)
 
 
 def _owner(parameter: str) -> str:

@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 
 from planted import build, twin  # noqa: E402
 
+from pytest_precision.diagnosis import _noise as noise_module  # noqa: E402
 from pytest_precision.diagnosis._noise import NoiseEstimate  # noqa: E402
 from pytest_precision.diagnosis._results import WeightChange  # noqa: E402
 from pytest_precision.diagnosis._stop import decide, noise_horizon  # noqa: E402
@@ -64,8 +65,9 @@ def test_bitwise_equal_steps_need_no_noise() -> None:
 
 
 def test_a_prefill_departure_reruns_the_prefill_and_captures_the_suspect_layer(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(noise_module, "CEILING_ENVELOPES", 1e12)  # only a rerun can decide
     golden = build("llama")
     target = twin(golden)
     module = "model.layers.0.mlp.down_proj"
@@ -112,3 +114,24 @@ def test_the_statistics_stop_at_the_first_layer_of_a_differing_weight(
     names: tuple[str, ...], layer: str | None
 ) -> None:
     assert _first_weight_layer(_changed(*names)) == layer
+
+
+def test_a_departure_far_beyond_any_noise_needs_no_float64_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the float64 floor and at 64 dtype envelopes the stop rule decides alike: no noise
+    the rerun could measure would change it, so the rerun (a float64 copy of the model) is
+    skipped, and the culprit is localized as before."""
+    golden = build("llama")
+    target = twin(golden)
+    module = "model.layers.0.mlp.down_proj"
+    with torch.no_grad():
+        target.get_submodule(module).weight.mul_(1.05)
+    reruns: list[object] = []
+    monkeypatch.setattr(noise_module, "_rerun", lambda *args: reruns.append(args))
+    ids = torch.randint(3, 256, (2, 6), generator=torch.Generator().manual_seed(1))
+    d = diagnose(golden, target, ids, max_new_tokens=6, out=tmp_path, devices=["cpu"])
+    assert reruns == []
+    assert d.culprit_module == module
+    assert d.noise is not None
+    assert d.noise.method.startswith("no float64 rerun")

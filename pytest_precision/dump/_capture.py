@@ -31,15 +31,16 @@ from ._capture_scope import (
 )
 from ._leaves import has_tensor, input_leaves, output_leaves, owned_cache_layers
 from ._module_layouts import INSIDE, module_layouts
-from ._native import json_members, json_text, stats_json
+from ._native import json_members, json_text
 from ._op_names import WAITED_COLLECTIVES, OpInfo, op_info
 from ._padding import Padding, padding_of
+from ._real_stats import RealStats
 from ._record_json import changed_since_json, json_dtype, json_shape, json_slot, json_value
-from ._recorded import RecordedTensors
+from ._recorded import RecordedTensors, wants_content
 from ._records import GARBAGE_MEMORY
 from ._tensor_layouts import TensorLayout, with_layout
 from ._uninitialized import UninitializedMemory
-from ._writer import DumpWriter, host_stats, private_copy, reduced_on_device, summarize
+from ._writer import DumpWriter, private_copy, reduced_on_device, summarize
 
 Level = Literal["module", "op", "mix"]
 Mode = Literal["tensor", "statistics"]
@@ -72,36 +73,14 @@ class _OpMode(TorchFunctionMode):
         info = op_info(func)
         if not capture._stack or not capture._recording:  # outside the recorded forwards
             return capture._unrecorded(info, func, args, kwargs)
-        if info.metadata:
-            output = func(*args, **kwargs)
-            if has_tensor(output):  # a property such as .T
-                head = capture._op_head(info)
-                if head is not None:
-                    capture._record_values(head, input_leaves(args, kwargs))
-                    capture._record_values(head, output_leaves(output))
-            return output
-        head = capture._op_head(info)
-        if head is None:
-            return capture._unrecorded(info, func, args, kwargs)
-        if info.kind == "Custom":
-            capture._uninitialized.handles(args)
-        capture._record_values(head, input_leaves(args, kwargs))  # before the call: in-place ops
-        output = func(*args, **kwargs)
-        if info.kind == "Distributed" and info.mutated:
-            capture._record_collective(head, info, args, kwargs, output)
-            return output
-        if info.filled_by_wait is not None:  # else its outputs are recorded before they arrive
-            _wait_for(info.filled_by_wait, output)
-        capture._uninitialized.after_call(info.api, args, kwargs, output)
-        capture._record_values(head, output_leaves(output))
-        if info.mutated:  # out buffers of custom ops, as filled by the call
-            written = [(f"output.{n}", v) for n, v in info.written(args, kwargs)]
-            capture._uninitialized.written(v for _, v in written)
-            for _, v in written:  # its kernel may bump no version counter
-                if isinstance(v, torch.Tensor):
-                    capture._recorded.written(v)
-            capture._record_values(head, written)
-        return output
+        if not info.writes_nothing:
+            return capture._record_call(info, func, args, kwargs)
+        recorded = capture._recorded  # its inputs and outputs: one moment (no write between)
+        recorded.begin_moment()
+        try:
+            return capture._record_call(info, func, args, kwargs)
+        finally:
+            recorded.end_moment()
 
 
 def _wait_for(namespace: str, output: Any) -> None:
@@ -158,6 +137,7 @@ class Capture:
         self._writer: DumpWriter | None = None
         #: the attention mask of the top-level forward running, where it pads
         self._padding: Padding | None = None
+        self._real_stats = RealStats()
 
     def step(self, step: int | None = None) -> int:
         """Start the next decode step (or step ``step``); call counters restart from 0."""
@@ -304,6 +284,41 @@ class Capture:
             return False
         return excluded is None or not (excluded.match(name) or excluded.match(module))
 
+    def _record_call(
+        self, info: OpInfo, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Call ``func`` and record its inputs and outputs (see ``_OpMode``)."""
+        if info.metadata:
+            output = func(*args, **kwargs)
+            if has_tensor(output):  # a property such as .T
+                head = self._op_head(info)
+                if head is not None:
+                    self._record_values(head, input_leaves(args, kwargs))
+                    self._record_values(head, output_leaves(output))
+            return output
+        head = self._op_head(info)
+        if head is None:
+            return self._unrecorded(info, func, args, kwargs)
+        if info.kind == "Custom":
+            self._uninitialized.handles(args)
+        self._record_values(head, input_leaves(args, kwargs))  # before the call: in-place ops
+        output = func(*args, **kwargs)
+        if info.kind == "Distributed" and info.mutated:
+            self._record_collective(head, info, args, kwargs, output)
+            return output
+        if info.filled_by_wait is not None:  # else its outputs are recorded before they arrive
+            _wait_for(info.filled_by_wait, output)
+        self._uninitialized.after_call(info.api, args, kwargs, output)
+        self._record_values(head, output_leaves(output))
+        if info.mutated:  # out buffers of custom ops, as filled by the call
+            written = [(f"output.{n}", v) for n, v in info.written(args, kwargs)]
+            self._uninitialized.written(v for _, v in written)
+            for _, v in written:  # its kernel may bump no version counter
+                if isinstance(v, torch.Tensor):
+                    self._recorded.written(v)
+            self._record_values(head, written)
+        return output
+
     def _record_collective(
         self,
         head: _Head,
@@ -363,6 +378,7 @@ class Capture:
         if layouts is None and self._layouts and self._stack:
             inside = self._layouts.get(self._stack[-1][1], _NO_LAYOUTS).get(INSIDE)
         self._busy = True
+        self._recorded.begin_moment()  # nothing runs between the slots of one call
         try:
             for slot, value in leaves:
                 if isinstance(value, torch.Tensor):
@@ -379,6 +395,7 @@ class Capture:
                         self.step_index,
                     )
         finally:
+            self._recorded.end_moment()
             self._busy = False
 
     def _record_tensor(
@@ -399,30 +416,28 @@ class Capture:
             if memory in GARBAGE_MEMORY:  # no data worth storing
                 writer.add_encoded(members, step)
                 return
+        recorded = self._recorded
+        alias = recorded.key_of(t)  # recorded before and unchanged since: share its data
+        key = alias or str(next(self._keys))
         padding = self._padding
         if (  # on an accelerator they would wait for the device per record: left out there
-            self.mode == "statistics"
-            and padding is not None
+            padding is not None
+            and self.mode == "statistics"
             and not isinstance(t, Parameter)
             and not reduced_on_device(t)
-        ):
-            real = padding.real_part(t.detach(), every_position=True)
-            real_stats = None if real is None else host_stats(real)
-            if real_stats is not None:  # statistics of the positions a comparison judges
-                members = f'{members},"real_stats":{stats_json(real_stats)}'
-        recorded = self._recorded
-        key = recorded.key_of(t)
-        if key is not None:  # recorded before and unchanged since: share its data and statistics
-            writer.add_encoded(members, step, alias=key)
+        ):  # statistics of the positions a comparison judges
+            members += self._real_stats.members(padding, t, key)
+        if alias is not None:
+            writer.add_encoded(members, step, alias=alias)
             return
         if recorded.changed_since is not None:  # a stomp: written by no recorded call
             members = f'{members},"changed_since":{changed_since_json(recorded.changed_since)}'
-        key = str(next(self._keys))
-        if self.mode == "tensor":  # the content sum comes from the read that copies or
-            copy, content = private_copy(t)  # summarizes t: a new tensor is read once
+        wanted = wants_content(t)  # from the read that copies or summarizes t: one read
+        if self.mode == "tensor":
+            copy, content = private_copy(t, wanted)
             writer.add_encoded(members, step, key=key, tensor=copy)
         else:
-            stats, content = summarize(t)
+            stats, content = summarize(t, wanted)
             writer.add_encoded(members, step, key=key, stats=stats)
         recorded.remember(t, key, label, content)
 

@@ -25,6 +25,16 @@ _METADATA = frozenset({
     "get_device", "is_pinned", "has_names", "untyped_storage",
     "__len__", "__repr__", "__format__", "__hash__", "__dir__",
 })
+#: Tensor methods and torch functions that return views of their inputs, the inputs
+#: themselves or fresh copies of them: they write no memory that existed before the call.
+_WRITE_NOTHING = frozenset({
+    "view", "view_as", "reshape", "reshape_as", "transpose", "swapaxes", "swapdims", "permute",
+    "movedim", "moveaxis", "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten",
+    "narrow", "select", "t", "T", "mT", "H", "mH", "__getitem__", "detach", "contiguous", "to",
+    "type_as", "type", "float", "double", "half", "bfloat16", "int", "long", "bool", "split",
+    "chunk", "unbind", "diagonal", "as_strided", "real", "imag", "view_as_real",
+    "view_as_complex", "clone",
+})
 
 
 @functools.cache
@@ -50,6 +60,9 @@ class OpInfo:
     #: (position, name) of the arguments a ``torch.ops`` custom op writes (``out`` buffers),
     #: or the one a ``torch.distributed`` collective writes in place
     mutated: tuple[tuple[int, str], ...] = ()
+    #: a torch builtin that returns views or fresh copies of its inputs (``_WRITE_NOTHING``):
+    #: what its inputs' records verified is still true of its outputs
+    writes_nothing: bool = False
 
     def written(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
         """(name, value) of the arguments a call of it writes (``mutated``)."""
@@ -97,11 +110,12 @@ def _classify(func: Any) -> OpInfo:
         return OpInfo("Functional", functional, f"Functional.{functional}", False)
     owner = getattr(func, "__self__", None)
     if owner is not None and type(owner).__name__ == "getset_descriptor":  # .T, .shape
-        return OpInfo("Tensor", owner.__name__, f"Tensor.{owner.__name__}", True)
+        name = owner.__name__
+        return OpInfo("Tensor", name, f"Tensor.{name}", True, (), name in _WRITE_NOTHING)
     name = getattr(func, "__name__", None) or type(func).__name__
     qualname = getattr(func, "__qualname__", "") or ""
     kind = "Tensor" if qualname.startswith(("TensorBase.", "Tensor.")) else "Torch"
-    return OpInfo(kind, name, f"{kind}.{name}", name in _METADATA)
+    return OpInfo(kind, name, f"{kind}.{name}", name in _METADATA, (), name in _WRITE_NOTHING)
 
 
 def _written_arguments(func: Any) -> tuple[tuple[int, str], ...]:

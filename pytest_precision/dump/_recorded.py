@@ -24,7 +24,9 @@ while reading the tensor (:meth:`RecordedTensors.remember` takes it). Checking a
 again is one integer reduction over it, about as fast as a copy and several times cheaper than
 its statistics (over a large parameter's edges and a sparse sample only: see
 :func:`fingerprint`); it misses a write that only permutes elements or whose changes cancel
-exactly.
+exactly. It is made once per *moment* (:meth:`RecordedTensors.begin_moment`): the records of
+one call, between which nothing runs that could write memory; any other code may (a kernel
+no capture sees, called from the forward's Python), so each call that reads a tensor checks it.
 
 Entries hold weak references to the base and go with it, so nothing is kept alive; the record
 keys they hold are let go then (the writer drops what it kept for them).
@@ -40,6 +42,7 @@ that differs from its producer's, which the judge finds in the dump.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -56,10 +59,14 @@ def _base(t: torch.Tensor) -> torch.Tensor:
     return t if base is None else base
 
 
-#: A large parameter's fingerprint reads its first and last ``_EDGE_WORDS`` 64-bit words
-#: (64 KiB each) and one word in every ``_SAMPLE_STRIDE`` (8 KiB) between them.
+#: A large parameter's sample reads its first and last ``_EDGE_WORDS`` 64-bit words (64 KiB
+#: each) and one word in every ``_SAMPLE_STRIDE`` (8 KiB) between them.
 _EDGE_WORDS = 8192
 _SAMPLE_STRIDE = 1024
+
+#: How a fingerprint was taken: the whole content sum, or a large parameter's sample.
+_WHOLE, _SAMPLED = range(2)
+Fingerprint = tuple[int, int]
 
 
 def _words(t: torch.Tensor) -> torch.Tensor | None:
@@ -72,44 +79,75 @@ def _words(t: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def _sampled_words(t: torch.Tensor) -> torch.Tensor | None:
-    """A large parameter's 64-bit words, which its fingerprint samples; ``None`` for any
-    other tensor, whose fingerprint is its whole content sum.
-
-    A decode step reads each weight once, and a full sum would read it a second time for each
-    later record of it (50 - 60 % more capture time per step). The edges are where an
-    overflow from a neighbouring buffer (a KV-cache write past its block) lands; a write into
-    the middle of a weight that misses the sample goes unseen."""
-    if not isinstance(t, torch.nn.Parameter):
-        return None
-    words = _words(t)
-    return words if words is not None and words.numel() > 4 * _EDGE_WORDS else None
+def _is_large_parameter(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a parameter its fingerprint samples (a plain tensor is never one: the
+    test of its type comes first, since ``Parameter``'s own ``isinstance`` runs Python)."""
+    return (
+        type(t) is not torch.Tensor
+        and isinstance(t, torch.nn.Parameter)
+        and t.numel() * t.element_size() > 32 * _EDGE_WORDS
+    )
 
 
 def _sampled_sum(words: torch.Tensor) -> int:
-    """A parameter's words summed over its edges and one word in every ``_SAMPLE_STRIDE``."""
-    edges = words[:_EDGE_WORDS].sum() + words[-_EDGE_WORDS:].sum()
-    return int(edges + words[_EDGE_WORDS:-_EDGE_WORDS:_SAMPLE_STRIDE].sum())
+    """A parameter's words summed over its edges and one word in every ``_SAMPLE_STRIDE``
+    (by numpy: a handful of torch reductions cost more than reading the words)."""
+    w = words.numpy()
+    edges = int(w[:_EDGE_WORDS].sum()) + int(w[-_EDGE_WORDS:].sum())
+    return edges + int(w[_EDGE_WORDS:-_EDGE_WORDS:_SAMPLE_STRIDE].sum())
 
 
-def fingerprint(t: torch.Tensor, content: int | None = None) -> tuple[bool, int] | None:
-    """Whether ``t``'s fingerprint is sampled, and its value (``None`` when it has none to
-    tell): a large parameter's sampled sum, else its whole content sum (``content`` when the
-    caller has it already, from the read that summarized or copied ``t``)."""
-    words = _sampled_words(t)
-    if words is not None:
-        return True, _sampled_sum(words)
+def wants_content(t: torch.Tensor) -> bool:
+    """Whether :meth:`RecordedTensors.remember` takes ``t``'s content sum: not for a tensor
+    it never reuses (an inference tensor) nor for a large parameter, which it samples. The
+    read that records ``t`` sums it only where it is wanted."""
+    return not t.is_inference() and not _is_large_parameter(t)
+
+
+def fingerprint(t: torch.Tensor, content: int | None = None) -> Fingerprint | None:
+    """How ``t``'s fingerprint is taken, and its value (``None`` when it has none to tell):
+    a large parameter's sample, else its whole content sum (``content`` when the caller has
+    it already, from the read that summarized or copied ``t``).
+
+    A decode step reads each weight once, and a whole sum would read it a second time for
+    each later record of it (50 - 60 % more capture time per step; at the mix level a weight
+    is recorded by its module and again by its op in every forward). The edges are where an
+    overflow from a neighbouring buffer (a KV-cache write past its block) lands; a write into
+    the middle of a weight that misses the sample goes unseen."""
+    if _is_large_parameter(t) and (words := _words(t)) is not None:
+        return _SAMPLED, _sampled_sum(words)
     content = content_sum(t) if content is None else content
-    return None if content is None else (False, content)
+    return None if content is None else (_WHOLE, content)
 
 
-def _same(t: torch.Tensor, expected: tuple[bool, int]) -> bool:
-    """Whether ``t`` still has the fingerprint ``expected``, taken by the same rule."""
-    sampled, value = expected
-    if not sampled:
-        return content_sum(t) == value
-    words = _words(t)  # the same geometry as the parameter, if not the parameter itself
-    return words is not None and _sampled_sum(words) == value
+class _Entry:
+    """What is known of the record of one geometry."""
+
+    __slots__ = ("base", "fingerprint", "key", "label", "moment", "version")
+
+    def __init__(
+        self,
+        base: weakref.ref[torch.Tensor],
+        version: int,
+        key: str,
+        fingerprint: Fingerprint,
+        label: str,
+        moment: int,
+    ) -> None:
+        self.base = base  # the base, weakly: the entry goes with it
+        self.version = version  # the base's version counter when recorded
+        self.key = key  # the record key a tensor of this geometry reuses
+        self.fingerprint = fingerprint
+        self.label = label  # the record made then, for :attr:`RecordedTensors.changed_since`
+        self.moment = moment  # the moment it was last verified in (0: none)
+
+    def unchanged(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` still has this entry's fingerprint, taken by the same rule."""
+        rule, value = self.fingerprint
+        if rule == _WHOLE:
+            return content_sum(t) == value
+        words = _words(t)  # the parameter's geometry, if not the parameter itself
+        return words is not None and _sampled_sum(words) == value
 
 
 def _storage(t: torch.Tensor | None) -> int:
@@ -124,11 +162,7 @@ class RecordedTensors:
     """Record keys of tensors by geometry, valid while their base is unchanged."""
 
     def __init__(self, forget: Callable[[str], None], *, any_shape: bool = False) -> None:
-        #: geometry -> (the base, its version when recorded, record key, its fingerprint,
-        #: the label of the record made then)
-        self._entries: dict[
-            Hashable, tuple[weakref.ref[torch.Tensor], int, str, tuple[bool, int], str]
-        ] = {}
+        self._entries: dict[Hashable, _Entry] = {}
         #: id of a base -> (weak reference with the clean-up callback, its geometries)
         self._bases: dict[int, tuple[weakref.ref[torch.Tensor], list[Hashable]]] = {}
         self._forget = forget  # told of each key that can no longer be returned
@@ -136,6 +170,23 @@ class RecordedTensors:
         #: set by :meth:`key_of`: the label of the record a tensor was expected to equal when
         #: its content changed with no version bump (a stomp); else ``None``
         self.changed_since: str | None = None
+        self._moment = 0  # the moment open (see :meth:`begin_moment`); 0: none
+        self._depth = 0
+        self._moments = itertools.count(1)
+
+    def begin_moment(self) -> None:
+        """Records from now until :meth:`end_moment` see the same memory: nothing that could
+        write it runs between them (the slots of one call; the inputs and outputs of a view
+        or copy, ``numerics``' :data:`~._op_names.OpInfo.writes_nothing`), so a tensor
+        verified once among them is not read again. Nested moments are one."""
+        if not self._depth:
+            self._moment = next(self._moments)
+        self._depth += 1
+
+    def end_moment(self) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self._moment = 0
 
     def _geometry(self, t: torch.Tensor) -> Hashable | None:
         """Where and how ``t``'s elements lie; ``None`` for tensors without a data pointer."""
@@ -154,15 +205,16 @@ class RecordedTensors:
         self.changed_since = None
         geometry = self._geometry(t)
         entry = None if geometry is None else self._entries.get(geometry)
-        if entry is None:
+        if entry is None or entry.base() is not _base(t) or t._version != entry.version:
             return None
-        ref, version, key, content, label = entry
-        if ref() is not _base(t) or t._version != version:
+        moment = self._moment
+        if moment and entry.moment == moment:  # verified in this moment already
+            return entry.key
+        if not entry.unchanged(t):  # written behind the version counter's back
+            self.changed_since = entry.label
             return None
-        if not _same(t, content):  # written behind the version counter's back
-            self.changed_since = label
-            return None
-        return key
+        entry.moment = moment
+        return entry.key
 
     def remember(
         self, t: torch.Tensor, key: str, label: str = "", content: int | None = None
@@ -183,11 +235,11 @@ class RecordedTensors:
         if known is None or known[0]() is not base:
             known = self._bases[id(base)] = (weakref.ref(base, self._died(id(base))), [])
         replaced = self._entries.get(geometry)
-        self._entries[geometry] = (known[0], t._version, key, taken, label)
-        if replaced is None or replaced[0] is not known[0]:
+        self._entries[geometry] = _Entry(known[0], t._version, key, taken, label, self._moment)
+        if replaced is None or replaced.base is not known[0]:
             known[1].append(geometry)
         if replaced is not None:  # recorded again, changed: the old key can never be returned
-            self._forget(replaced[2])
+            self._forget(replaced.key)
 
     def forget(self, t: torch.Tensor) -> None:
         """``t`` was written without bumping its version counter (a ``torch.distributed``
@@ -222,9 +274,9 @@ class RecordedTensors:
         del self._bases[ident]
         for geometry in known[1]:
             entry = self._entries.get(geometry)
-            if entry is not None and entry[0] is ref:
+            if entry is not None and entry.base is ref:
                 del self._entries[geometry]
-                self._forget(entry[2])
+                self._forget(entry.key)
 
     def clear(self) -> None:
         """Forget everything, telling no one (the capture is over)."""

@@ -53,7 +53,7 @@ _NPZ_ERRORS = (
 )  # fmt: skip
 
 #: safetensors' dtype codes, by the torch dtype name used in records.
-_SAFETENSORS_DTYPES = {
+SAFETENSORS_DTYPES = {
     "BOOL": "bool",
     "U8": "uint8",
     "I8": "int8",
@@ -318,7 +318,7 @@ def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         if key == "__metadata__":
             continue
         try:
-            dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
+            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
             shape = tuple(int(n) for n in entry["shape"])
             begin, end = (int(n) for n in entry["data_offsets"])
         except (KeyError, TypeError, ValueError):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from safetensors.torch import load, save, save_file
+from safetensors.torch import load, save
 
 from .._atomic import atomic_write
 from .._errors import PrecisionError
@@ -32,6 +32,7 @@ from ..numerics._stats import TensorStats, tensor_stats
 from ..runtime._devices import environment_fingerprint
 from ._native import json_members, json_text, numerics_settings, stats_json, write_json_atomic
 from ._native_index import FORMAT_NAME, MANIFEST, RANK_DONE, RECORDS, SCHEMA_VERSION, rank_dir
+from ._shard_file import CODES, write_safetensors
 
 #: A shard is written out once its tensors reach this many bytes.
 SHARD_BYTES = 32 << 20
@@ -41,7 +42,10 @@ PENDING_BYTES = 96 << 20
 
 @functools.cache
 def _safetensors_can_store(dtype: torch.dtype) -> bool:
-    """Whether safetensors round-trips ``dtype`` exactly (not complex128, not packed float4)."""
+    """Whether safetensors round-trips ``dtype`` exactly (not complex128, not packed float4)
+    and the shard writer knows its code."""
+    if dtype not in CODES:
+        return False
     probe = torch.arange(16, dtype=torch.uint8).view(dtype)  # 16 bytes: at least one element
     try:
         back = load(save({"probe": probe}))["probe"]
@@ -69,16 +73,18 @@ def reduced_on_device(t: torch.Tensor) -> bool:
     return t.device.type != "cpu"
 
 
-def summarize(t: torch.Tensor) -> tuple[TensorStats | DeviceStats | None, int | None]:
+def summarize(
+    t: torch.Tensor, content: bool = True
+) -> tuple[TensorStats | DeviceStats | None, int | None]:
     """Statistics of ``t`` (still on their way from an accelerator: :class:`DeviceStats`), or
-    ``None`` for the few dtypes torch cannot reduce; and, from the same read of a host
-    tensor, its content sum (``numerics._content``; ``None`` on an accelerator, where reading
-    it would synchronise the device)."""
+    ``None`` for the few dtypes torch cannot reduce; and, with ``content``, from the same read
+    of a host tensor, its content sum (``numerics._content``; ``None`` on an accelerator,
+    where reading it would synchronise the device)."""
     if not _summarizable(t.dtype):
         return None, None
     if reduced_on_device(t):
         return DeviceStats(t), None
-    return tensor_stats_and_content(t)
+    return tensor_stats_and_content(t, content)
 
 
 def host_stats(t: torch.Tensor) -> TensorStats | None:
@@ -86,12 +92,14 @@ def host_stats(t: torch.Tensor) -> TensorStats | None:
     return tensor_stats(t) if _summarizable(t.dtype) else None
 
 
-def private_copy(t: torch.Tensor) -> tuple[torch.Tensor | DeviceCopy, int | None]:
+def private_copy(
+    t: torch.Tensor, content: bool = True
+) -> tuple[torch.Tensor | DeviceCopy, int | None]:
     """A contiguous host copy of ``t`` that later in-place ops cannot change: made at once on
-    CPU, with ``t``'s content sum from the same read (``numerics._content``), or started
-    asynchronously from an accelerator (the writer waits for it; no content sum)."""
+    CPU, with ``content``, with ``t``'s content sum from the same read (``numerics._content``),
+    or started asynchronously from an accelerator (the writer waits for it; no content sum)."""
     if not reduced_on_device(t):
-        return copy_with_content(t)
+        return copy_with_content(t, content)
     return DeviceCopy(t.detach().resolve_conj().resolve_neg()), None
 
 
@@ -394,7 +402,7 @@ class DumpWriter:
         name = f"shard-{len(self._shards):05d}.safetensors"
         path = self.folder / name
         shard = self._shard
-        atomic_write(path, lambda temp: save_file(shard, os.fspath(temp)), durable=False)
+        atomic_write(path, lambda temp: write_safetensors(temp, shard), durable=False)
         self._shards[name] = path.stat().st_size
         released = self._shard_nbytes
         self._shard = {}

@@ -96,7 +96,8 @@ def _gather(a: np.ndarray, lo: int, hi: int, out: np.ndarray) -> None:
 class _Source:
     """A tensor as the kernel reads it: float32 / float64 elements in row-major order."""
 
-    def __init__(self, t: torch.Tensor) -> None:
+    def __init__(self, t: torch.Tensor, content: bool) -> None:
+        self.content = content  # whether the kernel sums the bit patterns too
         if t.requires_grad:
             t = t.detach()
         self.numel = t.numel()
@@ -183,12 +184,12 @@ def _run(source: _Source, lo: int, hi: int, totals: _Totals, first_block: int = 
         shape, strides = source.layout
         kernels._stats_strided(source.span, shape, strides, mask, block, lo, hi, totals.acc,
                                totals.state, rows_of(lo, hi - lo), scratch,
-                               scratch.view(int_type))  # fmt: skip
+                               scratch.view(int_type), source.content)  # fmt: skip
         return
     for start, x, content_bits in source.pieces(lo, hi):
         sums = rows_of(start, x.size)
         kernels._stats_chunk(x, x.view(int_type), content_bits, mask, block, totals.acc,
-                             totals.state, sums)  # fmt: skip
+                             totals.state, sums, source.content)  # fmt: skip
 
 
 def _shared(source: _Source, workers: int) -> _Totals:
@@ -232,11 +233,12 @@ def _ranged(source: _Source) -> _Totals:
     return parts[0]
 
 
-def stats(t: torch.Tensor) -> Sums:
+def stats(t: torch.Tensor, content: bool = True) -> Sums:
     """(sum, sum of squares, min, max) of the finite elements, (nan, +inf, -inf) counts and
-    the content sum (``_content.content_sum``) of a CPU float tensor the kernels accept (any
-    strides); min and max are inf and -inf when no element is finite."""
-    source = _Source(t)
+    the content sum (``_content.content_sum``; 0 without ``content``) of a CPU float tensor
+    the kernels accept (any strides); min and max are inf and -inf when no element is
+    finite."""
+    source = _Source(t, content)
     workers = min(torch.get_num_threads(), -(-source.numel // _kernels.BLOCK_NUMEL))
     if PARALLEL_STATS_NUMEL <= source.numel < _kernels.PARALLEL_NUMEL and workers > 1:
         totals = _shared(source, workers)

@@ -28,9 +28,9 @@ def _summaries(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
     seen: list[torch.Tensor] = []
     summarize = _capture.summarize
 
-    def noting(t: torch.Tensor) -> tuple[TensorStats | None, int | None]:
+    def noting(t: torch.Tensor, content: bool = True) -> tuple[TensorStats | None, int | None]:
         seen.append(t)
-        return summarize(t)
+        return summarize(t, content)
 
     monkeypatch.setattr(_capture, "summarize", noting)
     return seen
@@ -187,7 +187,7 @@ def test_an_hf_dump_is_the_same_without_the_fast_paths(
         reused = len(summarized)
         with monkeypatch.context() as mp:  # one thread, on contiguous copies, nothing reused
             mp.setattr(_stats_pass, "PARALLEL_STATS_NUMEL", 1 << 40)
-            mp.setattr(_capture, "summarize", lambda t: (tensor_stats(t.contiguous()), None))
+            mp.setattr(_capture, "summarize", lambda t, _: (tensor_stats(t.contiguous()), None))
             mp.setattr(RecordedTensors, "key_of", lambda self, t: None)
             slow = run(tmp_path / "slow")
     finally:

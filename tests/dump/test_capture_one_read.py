@@ -94,26 +94,87 @@ def test_a_view_where_a_large_parameter_lies_is_checked_by_the_parameters_rule()
 
 
 class _StompsWhatItRead(torch.nn.Module):
+    def __init__(self, read_first: bool) -> None:
+        super().__init__()
+        self.read_first = read_first
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x.exp()
+        if self.read_first:  # a consumer verifies y before the stomp
+            self.total = y.view(-1).sum()
         stomp(y, value=7.0, count=5)
         return y.sqrt()
 
 
+@pytest.mark.parametrize("read_first", [False, True])
 @pytest.mark.parametrize("kernels", ["numba", "torch"])
 @pytest.mark.parametrize("mode", ["statistics", "tensor"])
 def test_a_stomp_is_found_whichever_pass_made_the_fingerprint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, kernels: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, kernels: str, read_first: bool
 ) -> None:
     if kernels == "numba" and not _kernels.enabled():
         pytest.skip("the numba kernels are off")
     if kernels == "torch":
         monkeypatch.setenv(_kernels.ENV_SWITCH, "0")
-    model = _StompsWhatItRead()
+    model = _StompsWhatItRead(read_first)
     with torch.no_grad(), capture(model, tmp_path, level="op", mode=mode):  # type: ignore[arg-type]
         model(torch.linspace(0, 1, 300))
     records = {r.key: r for r in read_native_dump(tmp_path)}
-    assert records["Tensor.exp.0.forward.output.0"].changed_since is None
+    stomped = [r.key for r in records.values() if r.changed_since]
+    assert stomped == ["Tensor.sqrt.0.forward.input.0"]
     assert records["Tensor.sqrt.0.forward.input.0"].changed_since == RecordRef(
         "Tensor.exp.0.forward", "output.0", 0
     )
+
+
+class _Views(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        flat = y.view(-1)  # y verified as the view's input; the output is y again
+        out = flat.neg()  # y verified again: code ran since the view
+        self.seen = (y, out)
+        return out
+
+
+@needs_numba
+def test_a_view_is_not_verified_again_in_the_call_that_made_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x, model = torch.randn(64, 48), _Views()
+    _writer._summarizable(x.dtype)
+    counted = _passes(monkeypatch)
+    with torch.no_grad(), capture(model, tmp_path, level="op", mode="statistics"):
+        model(x)
+    y, out = model.seen
+    # y: recorded once, verified as the view's input and as neg's, not as the view's output
+    assert [counted[t.data_ptr()] for t in (x, y, out)] == [1, 3, 1]
+
+
+def test_the_read_that_records_a_tensor_sums_its_bits_only_where_they_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large parameter's fingerprint samples it and an inference tensor is never reused:
+    their statistics pass leaves the content sum out (15 - 20 % of it)."""
+    from pytest_precision.dump import _capture
+
+    asked: dict[str, bool] = {}
+    summarize = _capture.summarize
+
+    def noting(t: torch.Tensor, content: bool = True) -> tuple[Any, int | None]:
+        kind = "parameter" if isinstance(t, torch.nn.Parameter) else "activation"
+        kind = f"large {kind}" if t.numel() > 1 << 16 else kind
+        asked[kind] = asked.get(kind, False) or content
+        return summarize(t, content)
+
+    monkeypatch.setattr(_capture, "summarize", noting)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 4))
+    with torch.no_grad(), capture(model, tmp_path / "g", level="op", mode="statistics"):
+        model(torch.randn(2, 512))
+    assert asked == {"large parameter": False, "parameter": True, "activation": True}
+    asked.clear()
+    with torch.inference_mode(), capture(model, tmp_path / "i", level="op", mode="statistics"):
+        model(torch.randn(2, 512))
+    assert not asked["activation"]
+    records = {r.key: r for r in read_native_dump(tmp_path / "g")}
+    weight = records["Functional.linear.0.forward.input.1"]
+    assert weight.stats == tensor_stats(model[0].weight)

@@ -108,3 +108,24 @@ def test_masks_that_do_not_pad_are_not_padding() -> None:
     assert padding_of((ids,), {}) is None
     found = padding_of((), {"input_ids": ids, "attention_mask": hf_zoo.inputs()["attention_mask"]})
     assert found == Padding(REAL, query=8)
+
+
+def test_real_statistics_are_read_once_per_tensor_and_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records that share a tensor (an output read by three consumers) share its statistics
+    over the real positions too: each tensor and shape is read for them once."""
+    from pytest_precision.dump import _real_stats
+
+    read: list[tuple[int, tuple[int, ...]]] = []
+    host_stats = _real_stats.host_stats
+
+    def counting(t: torch.Tensor) -> object:
+        read.append((t.data_ptr(), tuple(t.shape)))
+        return host_stats(t)
+
+    monkeypatch.setattr(_real_stats, "host_stats", counting)
+    dump = load_dump(_capture(tmp_path / "s", "statistics"))
+    with_real = [r for r in dump.records if r.real_stats is not None]
+    assert len(read) < len(with_real)  # shared tensors were not read again
+    assert len(with_real) > 50

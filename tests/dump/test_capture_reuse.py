@@ -126,9 +126,9 @@ def test_parameters_are_summarized_once_per_capture(
     summarized: Counter[int] = Counter()
     summarize = _capture.summarize
 
-    def counting(t: torch.Tensor) -> tuple[TensorStats | None, int | None]:
+    def counting(t: torch.Tensor, content: bool = True) -> tuple[TensorStats | None, int | None]:
         summarized[id(t)] += 1
-        return summarize(t)
+        return summarize(t, content)
 
     monkeypatch.setattr(_capture, "summarize", counting)
     with torch.no_grad(), capture(model, tmp_path, level="mix", mode="statistics") as cap:

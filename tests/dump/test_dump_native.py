@@ -299,10 +299,10 @@ def test_a_failing_writer_thread_is_reported_not_hung(
     from pytest_precision import PrecisionError
     from pytest_precision.dump import _writer
 
-    def disk_full(tensors: object, path: str) -> None:
+    def disk_full(path: Path, tensors: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(_writer, "save_file", disk_full)
+    monkeypatch.setattr(_writer, "write_safetensors", disk_full)
     writer = DumpWriter(
         tmp_path, rank=0, world_size=1, info={}, shard_bytes=1024, pending_bytes=2048
     )

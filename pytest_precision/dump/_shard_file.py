@@ -9,7 +9,8 @@ its memory, which releases the GIL during the system call.
 The format (safetensors' specification): the header's length as 8 little-endian bytes; the
 header, a JSON object mapping each name to its ``dtype`` code, ``shape`` and ``data_offsets``
 (from the end of the header), padded with spaces to a multiple of 8 bytes; then the tensors'
-bytes, in order, with no gap. ``safetensors`` reads it back (and so does every other reader).
+bytes, little-endian, in order, with no gap. ``safetensors`` reads it back, and so does every
+other reader.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from __future__ import annotations
 import io
 import json
 import struct
+import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ._safe_io import SAFETENSORS_DTYPES
@@ -42,7 +45,17 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         _write_all(f, struct.pack("<Q", len(text)) + text)
         for t in tensors.values():
             if t.numel():
-                _write_all(f, t.reshape(-1).view(torch.uint8).numpy().data)
+                _write_all(f, _little_endian(t).data)
+
+
+def _little_endian(t: torch.Tensor) -> np.ndarray:
+    """``t``'s bytes in safetensors' order, little-endian: its memory itself, except on a
+    big-endian machine (each component's bytes reversed, in a copy)."""
+    flat = t.reshape(-1).view(torch.uint8).numpy()
+    component = t.element_size() // (2 if t.is_complex() else 1)
+    if sys.byteorder == "little" or component == 1:
+        return flat
+    return np.ascontiguousarray(flat.reshape(-1, component)[:, ::-1]).reshape(-1)
 
 
 def _write_all(f: io.FileIO, data: bytes | memoryview) -> None:

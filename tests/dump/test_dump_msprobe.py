@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import shutil
 import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -80,15 +79,6 @@ def make_dumps_module() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def rank_copy(tmp_path: Path) -> Path:
-    """A writable copy of one real rank folder (mix level, tensor task, step 0)."""
-    (source,) = (MSPROBE_FIXTURES / "mix_tensor_steps" / "step0").iterdir()
-    target = tmp_path / "dump" / "step0" / "rank0"
-    shutil.copytree(source, target)
-    return target
 
 
 def edit_dump_json(rank_dir: Path, edit: Callable[[dict[str, Any]], object]) -> None:

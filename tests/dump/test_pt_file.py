@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from dump_helpers import MSPROBE_FIXTURES, assert_bitwise_equal, write_pickle_payload
+from dump_helpers import assert_bitwise_equal, write_pickle_payload
 
 from pytest_precision import load_dump
 from pytest_precision.dump import _readahead
@@ -121,14 +120,6 @@ def test_a_pickle_payload_is_never_run(tmp_path: Path) -> None:
     write_pickle_payload(file, marker)
     assert read_pt_tensor(file) is None
     assert not marker.exists()
-
-
-@pytest.fixture
-def rank_copy(tmp_path: Path) -> Path:
-    (source,) = (MSPROBE_FIXTURES / "mix_tensor_steps" / "step0").iterdir()
-    target = tmp_path / "dump" / "step0" / "rank0"
-    shutil.copytree(source, target)
-    return target
 
 
 def test_msprobe_tensors_load_without_torch_load(

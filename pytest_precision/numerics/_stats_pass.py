@@ -43,8 +43,8 @@ PARALLEL_STATS_NUMEL = 1 << 19
 #: Per kernel dtype: its integer view, the mask that turns its bits into ordered keys, and the
 #: struct codes of the integer and of the float.
 _BITS = {
-    np.float32: (np.int32, 0x7FFF_FFFF, "i", "f"),
-    np.float64: (np.int64, 0x7FFF_FFFF_FFFF_FFFF, "q", "d"),
+    np.float32: (np.int32, np.int32(0x7FFF_FFFF), "i", "f"),
+    np.float64: (np.int64, np.int64(0x7FFF_FFFF_FFFF_FFFF), "q", "d"),
 }
 _INT64 = np.iinfo(np.int64)
 #: Signed integers of each element size: how any dtype's bits are gathered with numpy, and
@@ -60,7 +60,7 @@ Sums = tuple[float, float, float, float, int, int, int, int]
 
 def _from_key(key: int, float_type: type[np.floating[Any]]) -> float:
     _, mask, int_code, float_code = _BITS[float_type]
-    bits = key ^ (mask if key < 0 else 0)  # the key transform is its own inverse
+    bits = key ^ (int(mask) if key < 0 else 0)  # the key transform is its own inverse
     return struct.unpack(float_code, struct.pack(int_code, bits))[0]
 
 

@@ -70,7 +70,7 @@ def _summarizable(dtype: torch.dtype) -> bool:
 
 def reduced_on_device(t: torch.Tensor) -> bool:
     """Whether ``t``'s statistics and copies are made on its device, asynchronously."""
-    return t.device.type != "cpu"
+    return not t.is_cpu
 
 
 def summarize(

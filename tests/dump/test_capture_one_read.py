@@ -154,7 +154,7 @@ def test_the_read_that_records_a_tensor_sums_its_bits_only_where_they_are_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A large parameter's fingerprint samples it and an inference tensor is never reused:
-    their statistics pass leaves the content sum out (15 - 20 % of it)."""
+    their statistics pass leaves the content sum out."""
     from pytest_precision.dump import _capture
 
     asked: dict[str, bool] = {}
@@ -178,3 +178,28 @@ def test_the_read_that_records_a_tensor_sums_its_bits_only_where_they_are_kept(
     records = {r.key: r for r in read_native_dump(tmp_path / "g")}
     weight = records["Functional.linear.0.forward.input.1"]
     assert weight.stats == tensor_stats(model[0].weight)
+
+
+def test_the_module_hooks_own_torch_calls_bypass_the_op_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the mix level a module's hooks record with the op mode active: their own torch calls
+    (a view, a sum) must not each take a Python round trip through it (2,000 per forward of
+    the HF Llama did). The mode sees the model's calls, as many as at the op level."""
+    from pytest_precision.dump import _capture
+
+    seen: Counter[str] = Counter()
+    level = "op"
+    through = _capture._OpMode.__torch_function__
+
+    def counting(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        seen[level] += 1
+        return through(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(_capture._OpMode, "__torch_function__", counting)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    for level in ("op", "mix"):
+        with torch.no_grad(), capture(model, tmp_path / level, level=level):  # type: ignore[arg-type]
+            model(torch.randn(3, 16))
+    assert seen["op"] > 0
+    assert seen["mix"] == seen["op"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pytest_precision.numerics._cast_stats import narrows, not_one_cast
@@ -99,6 +99,8 @@ def _why_not(
     st.sampled_from([torch.bfloat16, torch.float16]),
     st.booleans(),
 )
+# torch's float16 norm of 98,304 equal values is off by 1.2 (0.9e-4): its running sums
+@example(0, (96, 1024), "one value", 13.4921875, torch.float16, True)
 def test_a_clean_cast_is_one_rounding(
     seed: int,
     shape: tuple[int, ...],

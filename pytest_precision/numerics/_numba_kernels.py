@@ -78,6 +78,42 @@ def _as_type_of(typingctx: Any, like: Any, value: Any) -> Any:
 
 
 @intrinsic
+def _value(typingctx: Any, x: Any) -> Any:
+    """An element as float64: a float widened; an int16, the bfloat16 whose bit pattern it
+    is (float32's upper half), so that a bfloat16 tensor is read in place, never widened into
+    a buffer first. Both exact."""
+    if isinstance(x, types.Float):
+
+        def widen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return context.cast(builder, args[0], x, types.float64)
+
+        return types.float64(x), widen
+    if isinstance(x, types.Integer) and x.bitwidth == 16:
+
+        def decode(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            bits = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.IntType(32)(16))
+            return builder.fpext(builder.bitcast(bits, ir.FloatType()), ir.DoubleType())
+
+        return types.float64(x), decode
+    return None
+
+
+@intrinsic
+def _key_bits(typingctx: Any, b: Any) -> Any:
+    """An element's bit pattern as the integer its key is made from: a bfloat16's (an int16)
+    as the float32 it widens to, any other as it is."""
+    if isinstance(b, types.Integer) and b.bitwidth == 16:
+
+        def widen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.shl(builder.zext(args[0], ir.IntType(32)), ir.IntType(32)(16))
+
+        return types.int32(b), widen
+    if isinstance(b, types.Integer):
+        return b(b), lambda context, builder, signature, args: args[0]
+    return None
+
+
+@intrinsic
 def _prefetch(typingctx: Any, array: Any, index: Any) -> Any:
     """Ask the CPU to bring the cache line holding ``array[index]`` closer: a hint, which
     loads nothing into a register and never faults."""
@@ -370,7 +406,7 @@ def _block_into(x, bits, content_bits, sign_mask, lo, hi, row, acc, state, block
     state[5] += content  # over every element: the masked pass below leaves some out
     if not math.isfinite(total):  # a non-finite value (or a float64 overflow)
         for i in range(np.uint64(lo), np.uint64(hi)):
-            _count_special(np.float64(x[i]), state, 2)
+            _count_special(_value(x[i]), state, 2)
         total, squares, low, high, _ = _stats_block(x, bits, content_bits, sign_mask, lo, hi,
                                                     state, True, False)  # fmt: skip
     if block_sums.shape[0] > 0:
@@ -409,14 +445,14 @@ def _stats_block(x, bits, content_bits, sign_mask, lo, hi, keys, masked, with_co
     high = _as_type_of(sign_mask, ~sign_mask)  # the smallest
     content = zero
     for i in range(np.uint64(lo), np.uint64(hi)):
-        v = np.float64(x[i])
+        v = _value(x[i])
         if with_content:
             content = _as_type_of(sign_mask, content + content_bits[i])
         if masked and not abs(v) < math.inf:
             continue
         total += v
         squares += v * v
-        b = bits[i]
+        b = _key_bits(bits[i])
         key = _as_type_of(sign_mask, b ^ (sign_mask if b < zero else zero))
         low = min(low, key)
         high = max(high, key)

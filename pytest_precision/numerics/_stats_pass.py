@@ -9,12 +9,14 @@ The same read sums the elements' bit patterns as integers: the content sum captu
 a new tensor with (``_content``), at no read of its own. Narrower floats' are summed from the
 gathered bits before widening, while they are in cache.
 
-* Contiguous float32 / float64 tensors are read in place, and so are 1-d strided ones.
+* Contiguous float32 / float64 / bfloat16 tensors are read in place (a bfloat16 is the upper
+  half of a float32: the kernel widens each element as it reads it), and so are 1-d strided
+  float32 / float64 ones.
 * Other strided float32 / float64 tensors (a transposed view) are gathered block by block, in
   row-major order, into a block-sized buffer (in cache) that the kernel sums: one read of the
-  memory, never a copy of the whole tensor. Narrower floats (bfloat16, float16, float8) are
-  gathered by numpy into a buffer of a few hundred KiB reused per thread and widened to float32
-  there, exactly.
+  memory, never a copy of the whole tensor. Other narrower floats (float16, float8; a strided
+  bfloat16) are gathered by numpy into a buffer of a few hundred KiB reused per thread, and
+  widened to float32 there, exactly (bfloat16 by the kernel).
 * Tensors from :data:`PARALLEL_STATS_NUMEL` elements are shared between threads. Below
   ``_kernels.PARALLEL_NUMEL`` each thread writes the sums of its blocks to a row per block, added
   up afterwards in block order: the same sums as one thread makes. From there the tensor is cut
@@ -122,14 +124,21 @@ class _Source:
             if self.contiguous:
                 self.raw = self.raw.reshape(-1)
 
-    def pieces(self, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """(offset, elements, their own bit patterns) of consecutive pieces covering ``lo:hi``,
-        ``lo`` on a block boundary; each piece but the last is a whole number of blocks."""
+    def pieces(self, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """(offset, elements, their bit patterns for the keys, their own bit patterns) of
+        consecutive pieces covering ``lo:hi``, ``lo`` on a block boundary; each piece but the
+        last is a whole number of blocks. A bfloat16 piece is its bit patterns, all three: the
+        kernel reads them as the float32 values they widen to."""
         if self.flat is not None:
             x = self.flat[lo:hi]
-            yield lo, x, x.view(_BITS[self.float_type][0])
+            bits = x.view(_BITS[self.float_type][0])
+            yield lo, x, bits, bits
             return
         assert self.raw is not None
+        if self.contiguous and self.dtype == torch.bfloat16:
+            raw = self.raw[lo:hi]
+            yield lo, raw, raw, raw
+            return
         block = _kernels.BLOCK_NUMEL
         step = max(_chunks.CHUNK_NUMEL - _chunks.CHUNK_NUMEL % block, block)
         for start in range(lo, hi, step):
@@ -139,9 +148,13 @@ class _Source:
             else:
                 piece = _buffer("raw", stop - start, SIGNED_BITS[self.raw.itemsize])
                 _gather(self.raw, start, stop, piece.numpy())
+            raw = piece.numpy()
+            if self.dtype == torch.bfloat16:
+                yield start, raw, raw, raw
+                continue
             # widened, exactly; its bit patterns are read again while in cache
-            wide = _buffer("wide", stop - start, torch.float32)
-            yield start, wide.copy_(piece.view(self.dtype)).numpy(), piece.numpy()
+            wide = _buffer("wide", stop - start, torch.float32).copy_(piece.view(self.dtype))
+            yield start, wide.numpy(), wide.view(torch.int32).numpy(), raw
 
 
 #: The kernel's ``state`` before the first element: min and max keys, NaN, +inf, -inf counts,
@@ -186,10 +199,10 @@ def _run(source: _Source, lo: int, hi: int, totals: _Totals, first_block: int = 
                                totals.state, rows_of(lo, hi - lo), scratch,
                                scratch.view(int_type), source.content)  # fmt: skip
         return
-    for start, x, content_bits in source.pieces(lo, hi):
+    for start, x, bits, content_bits in source.pieces(lo, hi):
         sums = rows_of(start, x.size)
-        kernels._stats_chunk(x, x.view(int_type), content_bits, mask, block, totals.acc,
-                             totals.state, sums, source.content)  # fmt: skip
+        kernels._stats_chunk(x, bits, content_bits, mask, block, totals.acc, totals.state, sums,
+                             source.content)  # fmt: skip
 
 
 def _shared(source: _Source, workers: int) -> _Totals:

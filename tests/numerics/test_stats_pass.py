@@ -139,3 +139,22 @@ def test_the_shared_pass_does_share(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         torch.set_num_threads(before)
     assert len(seen) == 2
+
+
+@needs_numba
+def test_a_bfloat16_tensor_is_read_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel widens each bfloat16 as it reads it (a float32's upper half): no buffer of
+    widened values is filled first, and the statistics are the torch pipeline's."""
+    t = torch.randn(3000).bfloat16()
+    t[5], t[7], t[11] = math.nan, -math.inf, -0.0
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "0")
+    expected = _bits(t)
+    monkeypatch.setenv(_kernels.ENV_SWITCH, "1")
+
+    def no_buffer(*args: object) -> torch.Tensor:
+        raise AssertionError("widened into a buffer")
+
+    monkeypatch.setattr(_stats_pass, "_buffer", no_buffer)
+    assert _bits(t) == expected
+    with pytest.raises(AssertionError, match="widened"):  # a strided one is gathered first
+        _bits(t[::2])

@@ -77,6 +77,10 @@ def _as_type_of(typingctx: Any, like: Any, value: Any) -> Any:
     return like(like, value), codegen
 
 
+#: the element types a bfloat16 tensor is read as (its bit patterns)
+_HALF_WORDS = (types.int16, types.uint16)
+
+
 @intrinsic
 def _value(typingctx: Any, x: Any) -> Any:
     """An element as float64: a float widened; an int16, the bfloat16 whose bit pattern it
@@ -88,7 +92,7 @@ def _value(typingctx: Any, x: Any) -> Any:
             return context.cast(builder, args[0], x, types.float64)
 
         return types.float64(x), widen
-    if isinstance(x, types.Integer) and x.bitwidth == 16:
+    if x in _HALF_WORDS:
 
         def decode(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             bits = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.IntType(32)(16))
@@ -102,7 +106,7 @@ def _value(typingctx: Any, x: Any) -> Any:
 def _key_bits(typingctx: Any, b: Any) -> Any:
     """An element's bit pattern as the integer its key is made from: a bfloat16's (an int16)
     as the float32 it widens to, any other as it is."""
-    if isinstance(b, types.Integer) and b.bitwidth == 16:
+    if b in _HALF_WORDS:
 
         def widen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             return builder.shl(builder.zext(args[0], ir.IntType(32)), ir.IntType(32)(16))

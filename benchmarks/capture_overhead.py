@@ -10,7 +10,8 @@ Two models:
   vocab 8192, eager attention, fp32, seq 256, 2 threads; ``_hf_llama.py``), which makes many
   more small calls per FLOP (rotary, masks, reshapes, casts). Rows: statistics at the op, mix
   and module levels, a second decode step (a later forward of the same capture), tensor mode at
-  the op level. Targets (issue #13): statistics at the op level <= 1.3x, tensor mode <= 3x.
+  the op level, and statistics at the op level again with the model in bfloat16 (as LLMs are
+  served). Targets (issue #13): statistics at the op level <= 1.3x, tensor mode <= 3x.
   Second baseline: msprobe's L1 statistics dump of the same model (``--msprobe-python``, a
   Python with ``mindstudio-probe``; its own bare forward measured in its process), or a SKIP
   line without one.
@@ -154,6 +155,13 @@ def hf_overhead(repeat: int, seq: int, threads: int, msprobe_python: Path | None
                     shutil.rmtree(work / "steps")
                     base = min(base, best_seconds(lambda: model(ids), repeat))
                     print(f"  statistics / op     second decode step: {step / base:.2f}x")
+            model.to(torch.bfloat16)  # as LLMs are served
+            base, seconds, _ = _block_seconds(model, ids, work, "op", "statistics", repeat)
+            print(
+                f"  statistics / op     bf16 weights: {seconds / base:.2f}x "
+                f"(bare forward {base:.3f} s, capture {seconds:.3f} s)",
+                flush=True,
+            )
         _msprobe_row(msprobe_python, work, repeat, seq, threads)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -9,8 +9,8 @@ width, as fast as a copy (widening each element on the way is ten times slower).
 write that only permutes elements or whose changes cancel exactly.
 
 A tensor recorded anew is read once: the statistics pass computes its content sum while it
-reads the elements (:func:`tensor_stats_and_content`), and a private copy is summed while it
-is in cache (:func:`copy_with_content`). Only a tensor seen again is summed alone
+reads the elements (:func:`tensor_stats_and_content`), and a private copy while it copies
+them (:func:`copy_with_content`). Only a tensor seen again is summed alone
 (:func:`content_sum`), to check it is unchanged.
 """
 
@@ -114,10 +114,20 @@ def tensor_stats_and_content(
 
 def copy_with_content(t: torch.Tensor, content: bool = True) -> tuple[torch.Tensor, int | None]:
     """A contiguous copy of the CPU tensor ``t`` (its conjugate and negative bits resolved)
-    and, with ``content``, ``t``'s content sum, summed over the copy while it is in cache:
-    torch's copy and a sum of it take no longer than one kernel that sums while it copies (42
-    against 45 us per MiB of float32)."""
-    copy = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
-    if not content or t.is_conj() or t.is_neg():  # its memory is not what its values are
-        return copy, None
-    return copy, content_sum(copy)
+    and, with ``content``, ``t``'s content sum, computed while copying where the kernels run.
+    The kernel copies bit patterns, so the copy is byte for byte ``t``'s memory (torch's copy
+    of a bool tensor would make every nonzero byte 1)."""
+    bits = _component_bits(t) if content else None
+    if bits is None or not (bits.is_contiguous() and _kernels.accepts_bits(bits)):
+        copy = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
+        return copy, content_sum(t) if bits is not None else None
+    copy = torch.empty(t.shape, dtype=t.dtype)
+    source, target = bits.reshape(-1).numpy(), _component_bits(copy)
+    assert target is not None
+    into = target.reshape(-1).numpy()
+    kernel, start = _kernels._jit()._copy_content_sum, _start(bits.element_size())
+
+    def work(a: int, b: int) -> int:
+        return int(kernel(source[a:b], into[a:b], start))
+
+    return copy, wrapped(sum(_kernels.run_chunks(source.size, work)), bits.element_size())

@@ -473,3 +473,15 @@ def _content_sum(bits, start):
     for i in range(np.uint64(bits.size)):
         content = _as_type_of(start, content + bits[i])
     return np.int64(content)
+
+
+@_jit
+def _copy_content_sum(bits, out, start):
+    """Copy the integers ``bits`` into ``out`` and return :func:`_content_sum` of them: a
+    tensor's private copy and its content sum from one read."""
+    content = start
+    for i in range(np.uint64(bits.size)):
+        b = bits[i]
+        out[i] = b
+        content = _as_type_of(start, content + b)
+    return np.int64(content)

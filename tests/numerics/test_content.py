@@ -133,3 +133,13 @@ def test_a_permuted_view_is_summed_over_its_memory_as_it_lies(
     assert content_sum(t) == expected
     with pytest.raises(AssertionError, match="gathered"):  # a strided slice fills no run
         content_sum(t[::2])
+
+
+def test_a_copy_takes_the_content_sum_of_the_tensor_not_of_the_copy() -> None:
+    """A bool tensor over bytes other than 0 and 1 (a view of other data) is copied as 0 and
+    1: the fingerprint must be what a later check of the tensor itself computes."""
+    raw = torch.tensor([2, 3, 255, 1] * 8, dtype=torch.uint8)
+    t = raw.view(torch.bool).reshape(4, 8)
+    expected = int(raw.view(torch.int8).to(torch.int64).sum())
+    assert content_sum(t) == expected
+    assert copy_with_content(t)[1] == expected

@@ -81,6 +81,12 @@ def _as_type_of(typingctx: Any, like: Any, value: Any) -> Any:
 _HALF_WORDS = (types.int16, types.uint16)
 
 
+def _widened_bfloat16(builder: Any, bits: Any) -> Any:
+    """The float32 bit pattern (an i32) of the bfloat16 whose bit pattern is ``bits``: its
+    upper half."""
+    return builder.shl(builder.zext(bits, ir.IntType(32)), ir.IntType(32)(16))
+
+
 @intrinsic
 def _value(typingctx: Any, x: Any) -> Any:
     """An element as float64: a float widened; an int16, the bfloat16 whose bit pattern it
@@ -95,7 +101,7 @@ def _value(typingctx: Any, x: Any) -> Any:
     if x in _HALF_WORDS:
 
         def decode(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            bits = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.IntType(32)(16))
+            bits = _widened_bfloat16(builder, args[0])
             return builder.fpext(builder.bitcast(bits, ir.FloatType()), ir.DoubleType())
 
         return types.float64(x), decode
@@ -109,7 +115,7 @@ def _key_bits(typingctx: Any, b: Any) -> Any:
     if b in _HALF_WORDS:
 
         def widen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            return builder.shl(builder.zext(args[0], ir.IntType(32)), ir.IntType(32)(16))
+            return _widened_bfloat16(builder, args[0])
 
         return types.int32(b), widen
     if isinstance(b, types.Integer):

@@ -135,25 +135,21 @@ class _Source:
             yield lo, x, bits, bits
             return
         assert self.raw is not None
-        if self.contiguous and self.dtype == torch.bfloat16:
-            raw = self.raw[lo:hi]
-            yield lo, raw, raw, raw
-            return
         block = _kernels.BLOCK_NUMEL
         step = max(_chunks.CHUNK_NUMEL - _chunks.CHUNK_NUMEL % block, block)
         for start in range(lo, hi, step):
             stop = min(start + step, hi)
             if self.contiguous:
-                piece = torch.from_numpy(self.raw[start:stop])
+                raw = self.raw[start:stop]
             else:
-                piece = _buffer("raw", stop - start, SIGNED_BITS[self.raw.itemsize])
-                _gather(self.raw, start, stop, piece.numpy())
-            raw = piece.numpy()
+                raw = _buffer("raw", stop - start, SIGNED_BITS[self.raw.itemsize]).numpy()
+                _gather(self.raw, start, stop, raw)
             if self.dtype == torch.bfloat16:
                 yield start, raw, raw, raw
                 continue
             # widened, exactly; its bit patterns are read again while in cache
-            wide = _buffer("wide", stop - start, torch.float32).copy_(piece.view(self.dtype))
+            wide = _buffer("wide", stop - start, torch.float32)
+            wide.copy_(torch.from_numpy(raw).view(self.dtype))
             yield start, wide.numpy(), wide.view(torch.int32).numpy(), raw
 
 
